@@ -1,0 +1,1 @@
+//! Regulator audit queries, proofs and evidence bundles. Built by the audit issue.

@@ -1,0 +1,1 @@
+//! Clearing model runtime (scoring + netting). Built by the clearing issue.

@@ -1,0 +1,1 @@
+//! OpenLineage mapping, durable relay and Delta Lake sink. Built by the lineage issue.

@@ -1,0 +1,242 @@
+#!/usr/bin/env bash
+# Aether: the one test command.
+#
+#   scripts/test.sh [extra args for the test runner]
+#
+# 1. Resolves a PostgreSQL server and exports DATABASE_URL (an admin-capable
+#    URL; tests create and drop their own databases on that server):
+#      a. DATABASE_URL from the environment, if set and non-empty;
+#      b. else a server answering on 127.0.0.1:5432;
+#      c. else a throwaway cluster (initdb + pg_ctl in a temp dir), stopped
+#         and removed when this script exits.
+# 2. cargo fmt --check, cargo clippy -D warnings, then all workspace tests
+#    (cargo-nextest when installed, plain cargo test otherwise).
+#
+# Environment switches:
+#   AETHER_TEST_ONLY_PROVISION=1   stop right after provisioning PostgreSQL
+#   AETHER_TEST_FORCE_THROWAWAY=1  skip (a) and (b), always use a throwaway cluster
+#   CARGO_TARGET_DIR               respected as is
+set -euo pipefail
+
+step() { printf '\n==> %s\n' "$*"; }
+info() { printf '    %s\n' "$*"; }
+warn() { printf 'test.sh: %s\n' "$*" >&2; }
+die() {
+    warn "error: $*"
+    exit 1
+}
+
+# Hide any password: postgres://user:SECRET@host -> postgres://user:****@host
+mask_url() {
+    printf '%s\n' "$1" | sed -E 's#(://[^:/@]*:)[^@]*@#\1****@#'
+}
+
+# pg_answers HOST PORT: is a PostgreSQL server (or at least something) listening?
+pg_answers() {
+    local host=$1 port=$2
+    if command -v pg_isready >/dev/null 2>&1; then
+        pg_isready -q -h "$host" -p "$port" -t 3 >/dev/null 2>&1
+    else
+        # shellcheck disable=SC2016 # expanded by the inner bash
+        timeout 3 bash -c 'exec 3<>"/dev/tcp/$1/$2"' _ "$host" "$port" >/dev/null 2>&1
+    fi
+}
+
+# port_in_use PORT: does anything accept TCP connections on 127.0.0.1:PORT?
+port_in_use() {
+    # shellcheck disable=SC2016 # expanded by the inner bash
+    timeout 3 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1"' _ "$1" >/dev/null 2>&1
+}
+
+# url_works URL: true if psql can run a query with it (or psql is absent).
+url_works() {
+    command -v psql >/dev/null 2>&1 || return 0
+    PGCONNECT_TIMEOUT=5 psql "$1" -X -q -t -A -v ON_ERROR_STOP=1 -c 'select 1' </dev/null >/dev/null 2>&1
+}
+
+# ---------------------------------------------------------------------------
+# Throwaway cluster (path c)
+# ---------------------------------------------------------------------------
+PG_TMP=""
+PG_BIN=""
+PG_RUN_AS=""
+
+# Run a command as the cluster owner (a non-root user when we are root).
+as_pg_user() {
+    if [[ -z "$PG_RUN_AS" ]]; then
+        "$@"
+    elif command -v runuser >/dev/null 2>&1; then
+        runuser -u "$PG_RUN_AS" -- "$@"
+    else
+        local cmd
+        cmd=$(printf '%q ' "$@")
+        su -s /bin/sh "$PG_RUN_AS" -c "$cmd"
+    fi
+}
+
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    if [[ -n "$PG_TMP" ]]; then
+        if [[ -f "$PG_TMP/data/postmaster.pid" ]]; then
+            info "stopping throwaway PostgreSQL cluster"
+            (cd "$PG_TMP" && as_pg_user "$PG_BIN/pg_ctl" -D "$PG_TMP/data" -m fast -w stop) >/dev/null 2>&1 ||
+                warn "warning: pg_ctl stop failed; see $PG_TMP/postgres.log"
+        fi
+        rm -rf -- "$PG_TMP" || warn "warning: could not remove $PG_TMP"
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# Directory holding initdb and pg_ctl: highest /usr/lib/postgresql/<ver>/bin
+# (Debian/Ubuntu), then /usr/pgsql-<ver>/bin (RPM), then PATH.
+find_pg_bin() {
+    local d
+    while IFS= read -r d; do
+        if [[ -x "$d/initdb" && -x "$d/pg_ctl" ]]; then
+            printf '%s\n' "$d"
+            return 0
+        fi
+    done < <(
+        {
+            compgen -G '/usr/lib/postgresql/*/bin' || true
+            compgen -G '/usr/pgsql-*/bin' || true
+        } | sort -V -r
+    )
+    local initdb pg_ctl
+    initdb=$(command -v initdb 2>/dev/null || true)
+    pg_ctl=$(command -v pg_ctl 2>/dev/null || true)
+    if [[ -n "$initdb" && -n "$pg_ctl" ]]; then
+        initdb=$(readlink -f "$initdb")
+        pg_ctl=$(readlink -f "$pg_ctl")
+        if [[ "$(dirname "$initdb")" == "$(dirname "$pg_ctl")" ]]; then
+            dirname "$initdb"
+            return 0
+        fi
+    fi
+    if command -v pg_config >/dev/null 2>&1; then
+        d=$(pg_config --bindir 2>/dev/null || true)
+        if [[ -n "$d" && -x "$d/initdb" && -x "$d/pg_ctl" ]]; then
+            printf '%s\n' "$d"
+            return 0
+        fi
+    fi
+    return 1
+}
+
+start_throwaway_cluster() {
+    PG_BIN=$(find_pg_bin) || die "no PostgreSQL server found: set DATABASE_URL, run one on 127.0.0.1:5432, or install PostgreSQL (initdb/pg_ctl)"
+
+    # PostgreSQL refuses to run as root: use a dedicated unprivileged user.
+    if [[ "$(id -u)" == 0 ]]; then
+        if id -u aether-pg >/dev/null 2>&1; then
+            PG_RUN_AS=aether-pg
+        elif command -v useradd >/dev/null 2>&1 &&
+            useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin aether-pg >/dev/null 2>&1; then
+            PG_RUN_AS=aether-pg
+        else
+            PG_RUN_AS=nobody
+        fi
+    fi
+
+    local port=54329
+    while port_in_use "$port"; do
+        port=$((port + 1))
+        ((port < 54429)) || die "no free port found for a throwaway PostgreSQL cluster"
+    done
+
+    # As root use /tmp: the cluster user must be able to reach the directory.
+    local base=${TMPDIR:-/tmp}
+    [[ -z "$PG_RUN_AS" ]] || base=/tmp
+    PG_TMP=$(mktemp -d "$base/aether-pg.XXXXXX")
+    mkdir "$PG_TMP/sock"
+    if [[ -n "$PG_RUN_AS" ]]; then
+        chown -R "$PG_RUN_AS" "$PG_TMP"
+    fi
+
+    info "starting throwaway PostgreSQL cluster ($PG_BIN, port $port${PG_RUN_AS:+, user $PG_RUN_AS}) in $PG_TMP"
+    # cd into the temp dir: the cluster user may not be able to read our cwd.
+    if ! (cd "$PG_TMP" && as_pg_user "$PG_BIN/initdb" -D "$PG_TMP/data" \
+        --auth=trust -U postgres -E UTF8 --locale=C --no-sync) >"$PG_TMP/initdb.log" 2>&1; then
+        cat "$PG_TMP/initdb.log" >&2
+        die "initdb failed"
+    fi
+    if ! (cd "$PG_TMP" && as_pg_user "$PG_BIN/pg_ctl" -D "$PG_TMP/data" -l "$PG_TMP/postgres.log" -w -t 60 \
+        -o "-p $port -k $PG_TMP/sock -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=off -c synchronous_commit=off -c full_page_writes=off" \
+        start) >/dev/null 2>&1; then
+        cat "$PG_TMP/postgres.log" >&2 || true
+        die "could not start the throwaway PostgreSQL cluster"
+    fi
+    DATABASE_URL="postgres://postgres@127.0.0.1:$port/postgres"
+    PG_SOURCE="throwaway cluster on 127.0.0.1:$port (removed on exit)"
+}
+
+# ---------------------------------------------------------------------------
+# 1. PostgreSQL
+# ---------------------------------------------------------------------------
+step "PostgreSQL"
+PG_SOURCE=""
+if [[ "${AETHER_TEST_FORCE_THROWAWAY:-}" != 1 ]]; then
+    if [[ -n "${DATABASE_URL:-}" ]]; then
+        PG_SOURCE="DATABASE_URL from the environment"
+    elif pg_answers 127.0.0.1 5432; then
+        me=$(id -un 2>/dev/null || printf '%s' "${USER:-}")
+        for pg_user in postgres ${me:+"$me"}; do
+            candidate="postgres://$pg_user@127.0.0.1:5432/postgres"
+            if url_works "$candidate"; then
+                DATABASE_URL=$candidate
+                PG_SOURCE="local server on 127.0.0.1:5432 (user $pg_user)"
+                break
+            fi
+        done
+        if [[ -z "$PG_SOURCE" ]]; then
+            warn "a server answers on 127.0.0.1:5432 but neither user postgres nor ${me:-the current user} can log in; using a throwaway cluster"
+        fi
+    fi
+fi
+if [[ -z "$PG_SOURCE" ]]; then
+    start_throwaway_cluster
+fi
+export DATABASE_URL
+echo "Using PostgreSQL: $(mask_url "$DATABASE_URL") [$PG_SOURCE]"
+
+if [[ "${AETHER_TEST_ONLY_PROVISION:-}" == 1 ]]; then
+    if command -v psql >/dev/null 2>&1; then
+        PGCONNECT_TIMEOUT=10 psql "$DATABASE_URL" -X -v ON_ERROR_STOP=1 -c 'select version()' </dev/null
+    fi
+    echo "AETHER_TEST_ONLY_PROVISION=1: stopping after provisioning"
+    exit 0
+fi
+
+# ---------------------------------------------------------------------------
+# 2-5. Rust checks and tests
+# ---------------------------------------------------------------------------
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+command -v cargo >/dev/null 2>&1 || die "cargo not found on PATH"
+if [[ -n "${CARGO_TARGET_DIR:-}" ]]; then
+    info "CARGO_TARGET_DIR=$CARGO_TARGET_DIR"
+fi
+
+step "cargo fmt --all -- --check"
+cargo fmt --all -- --check
+
+step "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "build tests: cargo test --workspace --no-run"
+cargo test --workspace --no-run
+
+if cargo nextest --version >/dev/null 2>&1; then
+    step "cargo nextest run --workspace --no-fail-fast $*"
+    cargo nextest run --workspace --no-fail-fast "$@"
+    step "cargo test --workspace --doc"
+    cargo test --workspace --doc
+else
+    step "cargo test --workspace --no-fail-fast $* (cargo-nextest not installed)"
+    cargo test --workspace --no-fail-fast "$@"
+fi
+
+step "all checks passed"

@@ -1,0 +1,1 @@
+//! Control plane (engines, policies, rollouts, snapshots). Built by the control-plane issue.

@@ -1,0 +1,111 @@
+//! Errors the ledger reports. Input errors name the offending value; nothing is written.
+
+use uuid::Uuid;
+
+use crate::event::ExpectedVersion;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("invalid stream id {stream_id:?}: {reason}")]
+    InvalidStreamId { stream_id: String, reason: String },
+
+    #[error(
+        "invalid event type {event_type:?}: expected 1-128 ASCII letters, digits, '.', '_' or '-', starting with a letter"
+    )]
+    InvalidEventType { event_type: String },
+
+    #[error("{field} must be a JSON object, got {found}")]
+    NotAnObject {
+        field: &'static str,
+        found: &'static str,
+    },
+
+    #[error("{field} is {size} bytes in canonical form, over the limit of {limit} bytes")]
+    TooLarge {
+        field: &'static str,
+        size: usize,
+        limit: usize,
+    },
+
+    #[error(
+        "{field} number {number} at {path} cannot be represented exactly in RFC 8785 (|n| > 2^53 - 1); send it as a string"
+    )]
+    InexactNumber {
+        field: &'static str,
+        path: String,
+        number: String,
+    },
+
+    #[error("an append must carry at least one event")]
+    EmptyAppend,
+
+    #[error("an append carries {count} events, more than the limit of {limit} per call; split it")]
+    TooManyEvents { count: usize, limit: usize },
+
+    #[error("stream {stream_id:?} appears twice in one atomic append; merge its events")]
+    DuplicateStream { stream_id: String },
+
+    #[error(
+        "wrong expected version for stream {stream_id:?}: expected {expected}, actual {actual}"
+    )]
+    WrongExpectedVersion {
+        stream_id: String,
+        expected: ExpectedVersion,
+        actual: u64,
+    },
+
+    #[error("event id {event_id} is already in the ledger")]
+    DuplicateEventId { event_id: Uuid },
+
+    #[error("cannot canonicalize JSON: {0}")]
+    Canonicalization(String),
+
+    #[error("the database failed the commit: {0}")]
+    CommitFailed(String),
+
+    #[error("the ledger writer has shut down; the append was not recorded")]
+    WriterClosed,
+
+    #[error("the ledger writer's queue is full; retry later")]
+    Overloaded,
+
+    #[error("stored event at seq {seq} is unreadable: {reason}")]
+    CorruptRow { seq: i64, reason: String },
+
+    #[error("checkpoint key: {0}")]
+    CheckpointKey(String),
+
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+
+    #[error("migrations: {0}")]
+    Migration(#[from] sqlx::migrate::MigrateError),
+
+    #[error("unsupported database URL {0:?}: use postgres://... or sqlite:...")]
+    UnsupportedUrl(String),
+}
+
+impl LedgerError {
+    /// True for errors caused by the caller's input (as opposed to the ledger's state).
+    pub fn is_input_error(&self) -> bool {
+        matches!(
+            self,
+            LedgerError::InvalidStreamId { .. }
+                | LedgerError::InvalidEventType { .. }
+                | LedgerError::NotAnObject { .. }
+                | LedgerError::TooLarge { .. }
+                | LedgerError::InexactNumber { .. }
+                | LedgerError::EmptyAppend
+                | LedgerError::TooManyEvents { .. }
+                | LedgerError::DuplicateStream { .. }
+        )
+    }
+
+    /// True when the append lost an optimistic-concurrency or uniqueness race.
+    pub fn is_conflict(&self) -> bool {
+        matches!(
+            self,
+            LedgerError::WrongExpectedVersion { .. } | LedgerError::DuplicateEventId { .. }
+        )
+    }
+}

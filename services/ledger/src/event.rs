@@ -1,0 +1,337 @@
+//! The ledger's event: what callers hand in ([`NewEvent`]) and what the ledger hands back
+//! ([`RecordedEvent`]), with the input rules that keep every stored event hashable and readable.
+
+use chrono::{DateTime, SubsecRound, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use uuid::Uuid;
+
+use crate::error::LedgerError;
+use crate::hashing::{self, Hash};
+
+/// Longest stream id accepted, in bytes. Stream ids are keys in indexes and URLs.
+pub const MAX_STREAM_ID_BYTES: usize = 256;
+/// Longest event type accepted, in bytes.
+pub const MAX_EVENT_TYPE_BYTES: usize = 128;
+/// Default largest canonical payload, in bytes (1 MiB).
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
+/// Largest canonical metadata object, in bytes. Metadata is for ids and tags, not data.
+pub const MAX_METADATA_BYTES: usize = 64 * 1024;
+/// Largest integer magnitude that RFC 8785 (IEEE-754 doubles) can carry exactly.
+const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
+
+/// What a stream is expected to be at when an append is checked (optimistic concurrency).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind", content = "version")]
+pub enum ExpectedVersion {
+    /// Append whatever the stream's version.
+    Any,
+    /// The stream must not exist yet (its version is 0).
+    NoStream,
+    /// The stream must already have at least one event.
+    StreamExists,
+    /// The stream's last event must have exactly this version.
+    Exact(u64),
+}
+
+impl ExpectedVersion {
+    /// Whether a stream currently at `actual` (0 = no stream) satisfies this expectation.
+    pub fn admits(self, actual: u64) -> bool {
+        match self {
+            ExpectedVersion::Any => true,
+            ExpectedVersion::NoStream => actual == 0,
+            ExpectedVersion::StreamExists => actual > 0,
+            ExpectedVersion::Exact(v) => actual == v,
+        }
+    }
+}
+
+impl std::fmt::Display for ExpectedVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExpectedVersion::Any => f.write_str("any"),
+            ExpectedVersion::NoStream => f.write_str("no stream"),
+            ExpectedVersion::StreamExists => f.write_str("stream exists"),
+            ExpectedVersion::Exact(v) => write!(f, "{v}"),
+        }
+    }
+}
+
+/// An event as a caller proposes it. The ledger assigns position, time and hashes.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NewEvent {
+    /// Caller-chosen id (UUIDv7 generated when absent); unique across the ledger.
+    #[serde(default)]
+    pub event_id: Option<Uuid>,
+    pub event_type: String,
+    #[serde(default = "default_schema_version")]
+    pub schema_version: u32,
+    pub payload: serde_json::Value,
+    /// Actor, trace id, causation / correlation ids, snapshot id, request id, tenant tag.
+    #[serde(default = "empty_object")]
+    pub metadata: serde_json::Value,
+}
+
+fn default_schema_version() -> u32 {
+    1
+}
+
+fn empty_object() -> serde_json::Value {
+    serde_json::Value::Object(serde_json::Map::new())
+}
+
+impl NewEvent {
+    /// An event of `event_type` (schema version 1) with this payload and no metadata.
+    pub fn new(event_type: impl Into<String>, payload: serde_json::Value) -> Self {
+        NewEvent {
+            event_id: None,
+            event_type: event_type.into(),
+            schema_version: 1,
+            payload,
+            metadata: empty_object(),
+        }
+    }
+
+    pub fn with_metadata(mut self, metadata: serde_json::Value) -> Self {
+        self.metadata = metadata;
+        self
+    }
+
+    pub fn with_event_id(mut self, event_id: Uuid) -> Self {
+        self.event_id = Some(event_id);
+        self
+    }
+
+    pub fn with_schema_version(mut self, schema_version: u32) -> Self {
+        self.schema_version = schema_version;
+        self
+    }
+}
+
+/// An event after validation: canonical JSON text fixed, id assigned. Ready for the writer.
+#[derive(Clone, Debug)]
+pub(crate) struct ValidEvent {
+    pub event_id: Uuid,
+    pub event_type: String,
+    pub schema_version: u32,
+    pub payload: String,
+    pub metadata: String,
+}
+
+/// Checks a stream id: 1..=256 bytes, no control characters, no surrounding whitespace.
+pub fn validate_stream_id(stream_id: &str) -> Result<(), LedgerError> {
+    let reason = if stream_id.is_empty() {
+        Some("must not be empty".to_string())
+    } else if stream_id.len() > MAX_STREAM_ID_BYTES {
+        Some(format!(
+            "is {} bytes, longer than the limit of {MAX_STREAM_ID_BYTES}",
+            stream_id.len()
+        ))
+    } else if let Some((at, c)) = stream_id.char_indices().find(|(_, c)| c.is_control()) {
+        Some(format!(
+            "contains control character U+{:04X} at byte {at}",
+            c as u32
+        ))
+    } else if stream_id.trim() != stream_id {
+        Some("must not start or end with whitespace".to_string())
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => Err(LedgerError::InvalidStreamId {
+            stream_id: printable(stream_id),
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Checks an event type: 1..=128 ASCII letters, digits, `.`, `_` or `-`, starting with a letter.
+pub fn validate_event_type(event_type: &str) -> Result<(), LedgerError> {
+    let ok = !event_type.is_empty()
+        && event_type.len() <= MAX_EVENT_TYPE_BYTES
+        && event_type.starts_with(|c: char| c.is_ascii_alphabetic())
+        && event_type
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(LedgerError::InvalidEventType {
+            event_type: printable(event_type),
+        })
+    }
+}
+
+/// A short, escaped rendering of caller input for error messages.
+fn printable(s: &str) -> String {
+    let mut out: String = s.chars().take(80).flat_map(char::escape_debug).collect();
+    if s.chars().count() > 80 {
+        out.push('…');
+    }
+    out
+}
+
+impl NewEvent {
+    pub(crate) fn validate(self, max_payload_bytes: usize) -> Result<ValidEvent, LedgerError> {
+        validate_event_type(&self.event_type)?;
+        let payload = canonical_object("payload", &self.payload, max_payload_bytes)?;
+        let metadata = canonical_object("metadata", &self.metadata, MAX_METADATA_BYTES)?;
+        Ok(ValidEvent {
+            event_id: self.event_id.unwrap_or_else(Uuid::now_v7),
+            event_type: self.event_type,
+            schema_version: self.schema_version,
+            payload,
+            metadata,
+        })
+    }
+}
+
+/// RFC 8785 text of a JSON object, after checking it is an object, its numbers are exact
+/// in IEEE-754 and it fits the limit.
+fn canonical_object(
+    field: &'static str,
+    value: &serde_json::Value,
+    limit: usize,
+) -> Result<String, LedgerError> {
+    if !value.is_object() {
+        return Err(LedgerError::NotAnObject {
+            field,
+            found: json_kind(value),
+        });
+    }
+    check_numbers(field, value, &mut String::from("$"))?;
+    let text = hashing::canonical_json(value)?;
+    if text.len() > limit {
+        return Err(LedgerError::TooLarge {
+            field,
+            size: text.len(),
+            limit,
+        });
+    }
+    Ok(text)
+}
+
+fn json_kind(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+/// Rejects integers that RFC 8785 would silently round (|n| > 2^53 − 1): send them as strings.
+fn check_numbers(
+    field: &'static str,
+    value: &serde_json::Value,
+    path: &mut String,
+) -> Result<(), LedgerError> {
+    match value {
+        serde_json::Value::Number(n) => {
+            let unsafe_int = match (n.as_u64(), n.as_i64()) {
+                (Some(u), _) => u > MAX_SAFE_INTEGER,
+                (None, Some(i)) => i.unsigned_abs() > MAX_SAFE_INTEGER,
+                (None, None) => false,
+            };
+            if unsafe_int {
+                return Err(LedgerError::InexactNumber {
+                    field,
+                    path: path.clone(),
+                    number: n.to_string(),
+                });
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                let len = path.len();
+                path.push_str(&format!("[{i}]"));
+                check_numbers(field, item, path)?;
+                path.truncate(len);
+            }
+        }
+        serde_json::Value::Object(map) => {
+            for (k, item) in map {
+                let len = path.len();
+                path.push('.');
+                path.push_str(k);
+                check_numbers(field, item, path)?;
+                path.truncate(len);
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// An event as committed: position, time and chain hashes fixed forever.
+#[derive(Clone, Debug, Serialize)]
+pub struct RecordedEvent {
+    pub seq: u64,
+    pub stream_id: String,
+    pub stream_version: u64,
+    pub event_id: Uuid,
+    pub event_type: String,
+    pub schema_version: u32,
+    /// RFC 8785 canonical JSON text, exactly the bytes that were hashed.
+    pub payload: Box<RawValue>,
+    /// RFC 8785 canonical JSON text, exactly the bytes that were hashed.
+    pub metadata: Box<RawValue>,
+    #[serde(serialize_with = "hashing::serialize_timestamp")]
+    pub recorded_at: DateTime<Utc>,
+    #[serde(with = "hashing::hex_hash")]
+    pub prev_hash: Hash,
+    #[serde(with = "hashing::hex_hash")]
+    pub hash: Hash,
+}
+
+impl RecordedEvent {
+    /// The payload parsed as a JSON value.
+    pub fn payload_value(&self) -> Result<serde_json::Value, serde_json::Error> {
+        serde_json::from_str(self.payload.get())
+    }
+
+    /// The metadata parsed as a JSON value.
+    pub fn metadata_value(&self) -> Result<serde_json::Value, serde_json::Error> {
+        serde_json::from_str(self.metadata.get())
+    }
+
+    /// Recomputes this event's hash from its fields and `prev_hash` (HASHING.md).
+    pub fn computed_hash(&self) -> Hash {
+        hashing::event_hash(&self.prev_hash, &self.hashed_fields())
+    }
+
+    pub fn hashed_fields(&self) -> hashing::HashedFields<'_> {
+        hashing::HashedFields {
+            seq: self.seq,
+            stream_id: &self.stream_id,
+            stream_version: self.stream_version,
+            event_id: self.event_id,
+            event_type: &self.event_type,
+            schema_version: self.schema_version,
+            payload: self.payload.get(),
+            metadata: self.metadata.get(),
+            recorded_at: self.recorded_at,
+        }
+    }
+}
+
+/// Where one appended event landed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Committed {
+    pub seq: u64,
+    pub stream_id: String,
+    pub stream_version: u64,
+    pub event_id: Uuid,
+    #[serde(with = "hashing::hex_hash")]
+    pub hash: Hash,
+    #[serde(serialize_with = "hashing::serialize_timestamp")]
+    pub recorded_at: DateTime<Utc>,
+}
+
+/// Ledger time has microsecond resolution in both databases.
+pub(crate) fn ledger_now() -> DateTime<Utc> {
+    Utc::now().trunc_subsecs(6)
+}

@@ -1,0 +1,27 @@
+//! Aether's event ledger.
+//!
+//! Every change to the clearing engine and every clearing decision is an [`event`] with a
+//! global, gapless `seq`, chained by SM3 ([`hashing`]), logged in an RFC 6962-style Merkle
+//! tree ([`merkle`]) whose heads are signed with SM2 ([`checkpoint`]). [`EventStore`] is the
+//! only writer of the event tables, on PostgreSQL or SQLite, through one group-commit
+//! writer per store. This crate knows nothing of HTTP, gRPC, lineage or the domain.
+
+pub mod checkpoint;
+pub mod checkpointer;
+pub mod error;
+pub mod event;
+pub mod hashing;
+pub mod merkle;
+mod store;
+pub mod subscription;
+pub mod verify;
+mod writer;
+
+pub use checkpoint::{CheckpointSigner, CheckpointVerifier, SignedCheckpoint};
+pub use checkpointer::{CheckpointPolicy, run_checkpointer};
+pub use error::LedgerError;
+pub use event::{Committed, ExpectedVersion, NewEvent, RecordedEvent};
+pub use hashing::Hash;
+pub use store::{AppendToStream, Direction, EventStore, StoreConfig, redact_url};
+pub use subscription::Subscription;
+pub use verify::{ChainVerifier, Problem, VerifyFailure, VerifyReport, verify_store};

@@ -1,0 +1,480 @@
+//! [`EventStore`]: the one way into and out of the event tables, on PostgreSQL or SQLite.
+
+/// `SELECT <every event column> FROM events <rest>` as a static string.
+macro_rules! select_events {
+    ($rest:literal) => {
+        concat!(
+            "SELECT seq, stream_id, stream_version, event_id, event_type, schema_version, ",
+            "payload, metadata, recorded_at, prev_hash, hash FROM events ",
+            $rest
+        )
+    };
+}
+
+pub(crate) mod plan;
+mod postgres;
+mod sqlite;
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::value::RawValue;
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use sqlx::{ColumnIndex, Decode, Row, Type};
+use tokio::sync::{Mutex, mpsc, oneshot, watch};
+use uuid::Uuid;
+
+use crate::error::LedgerError;
+use crate::event::{
+    Committed, DEFAULT_MAX_PAYLOAD_BYTES, ExpectedVersion, NewEvent, RecordedEvent,
+    validate_stream_id,
+};
+use crate::hashing::Hash;
+use crate::subscription::Subscription;
+use crate::writer::{self, WriterMsg};
+use plan::{RequestOutcome, StreamAppend};
+
+/// Tuning of the store and its group-commit writer.
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    /// Most events committed in one transaction (a single larger append goes alone).
+    pub max_batch: usize,
+    /// Longest the writer waits for more appends before committing a batch.
+    pub max_wait: Duration,
+    /// Largest canonical payload accepted.
+    pub max_payload_bytes: usize,
+    /// Most events in one append call.
+    pub max_events_per_append: usize,
+    /// Appends waiting for the writer before callers get [`LedgerError::Overloaded`].
+    pub queue_capacity: usize,
+    /// Connections in the pool (PostgreSQL; SQLite files use up to this many readers).
+    pub max_connections: u32,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            max_batch: 500,
+            max_wait: Duration::from_millis(1),
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            max_events_per_append: 10_000,
+            queue_capacity: 100_000,
+            max_connections: 8,
+        }
+    }
+}
+
+/// Which way to read a stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    Forward,
+    Backward,
+}
+
+/// One stream's part of an atomic multi-stream append.
+#[derive(Clone, Debug)]
+pub struct AppendToStream {
+    pub stream_id: String,
+    pub expected: ExpectedVersion,
+    pub events: Vec<NewEvent>,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) enum Db {
+    Postgres(PgPool),
+    Sqlite(SqlitePool),
+}
+
+impl Db {
+    pub(crate) async fn commit_batch(
+        &self,
+        requests: &[&[StreamAppend]],
+    ) -> Result<Vec<RequestOutcome>, sqlx::Error> {
+        match self {
+            Db::Postgres(p) => postgres::commit_batch(p, requests).await,
+            Db::Sqlite(p) => sqlite::commit_batch(p, requests).await,
+        }
+    }
+
+    pub(crate) async fn existing_event_ids(&self, ids: &[Uuid]) -> Result<Vec<Uuid>, LedgerError> {
+        match self {
+            Db::Postgres(p) => postgres::existing_event_ids(p, ids).await,
+            Db::Sqlite(p) => sqlite::existing_event_ids(p, ids).await,
+        }
+    }
+}
+
+/// Decodes the columns both backends share; `recorded_at` is stored differently.
+fn decode_event<'r, R>(row: &'r R, recorded_at: DateTime<Utc>) -> Result<RecordedEvent, LedgerError>
+where
+    R: Row,
+    &'r str: ColumnIndex<R>,
+    i64: Decode<'r, R::Database> + Type<R::Database>,
+    i32: Decode<'r, R::Database> + Type<R::Database>,
+    String: Decode<'r, R::Database> + Type<R::Database>,
+    Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+    Uuid: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let seq: i64 = row.try_get("seq")?;
+    let corrupt = |reason: String| LedgerError::CorruptRow { seq, reason };
+    let hash = |column: &'r str| -> Result<Hash, LedgerError> {
+        let bytes: Vec<u8> = row.try_get(column)?;
+        bytes
+            .try_into()
+            .map_err(|b: Vec<u8>| corrupt(format!("{column} has {} bytes, not 32", b.len())))
+    };
+    let raw = |column: &'r str| -> Result<Box<RawValue>, LedgerError> {
+        let text: String = row.try_get(column)?;
+        RawValue::from_string(text).map_err(|e| corrupt(format!("{column} is not JSON: {e}")))
+    };
+    Ok(RecordedEvent {
+        seq: seq as u64,
+        stream_id: row.try_get("stream_id")?,
+        stream_version: row.try_get::<i64, _>("stream_version")? as u64,
+        event_id: row.try_get("event_id")?,
+        event_type: row.try_get("event_type")?,
+        schema_version: row.try_get::<i32, _>("schema_version")? as u32,
+        payload: raw("payload")?,
+        metadata: raw("metadata")?,
+        recorded_at,
+        prev_hash: hash("prev_hash")?,
+        hash: hash("hash")?,
+    })
+}
+
+struct Inner {
+    db: Db,
+    config: StoreConfig,
+    writer: mpsc::Sender<WriterMsg>,
+    committed: watch::Receiver<u64>,
+    writer_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+/// The ledger's event store. Cheap to clone; all clones share one group-commit writer.
+#[derive(Clone)]
+pub struct EventStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for EventStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventStore")
+            .field("backend", &self.backend_name())
+            .finish_non_exhaustive()
+    }
+}
+
+impl EventStore {
+    /// Opens the store at `url` (`postgres://…` or `sqlite:…`), runs migrations and starts
+    /// the writer.
+    pub async fn connect(url: &str, config: StoreConfig) -> Result<Self, LedgerError> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let pool = PgPoolOptions::new()
+                .max_connections(config.max_connections)
+                .acquire_timeout(Duration::from_secs(10))
+                .connect(url)
+                .await?;
+            Self::open_postgres(pool, config).await
+        } else if url.starts_with("sqlite:") {
+            let options = SqliteConnectOptions::from_str(url)?
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Full)
+                .busy_timeout(Duration::from_secs(10));
+            let in_memory = url.contains(":memory:") || url.contains("mode=memory");
+            let pool = SqlitePoolOptions::new()
+                .max_connections(if in_memory { 1 } else { config.max_connections })
+                .connect_with(options)
+                .await?;
+            Self::open_sqlite(pool, config).await
+        } else {
+            Err(LedgerError::UnsupportedUrl(redact_url(url)))
+        }
+    }
+
+    pub async fn open_postgres(pool: PgPool, config: StoreConfig) -> Result<Self, LedgerError> {
+        postgres::migrate(&pool).await?;
+        Self::start(Db::Postgres(pool), config).await
+    }
+
+    pub async fn open_sqlite(pool: SqlitePool, config: StoreConfig) -> Result<Self, LedgerError> {
+        sqlite::migrate(&pool).await?;
+        Self::start(Db::Sqlite(pool), config).await
+    }
+
+    async fn start(db: Db, config: StoreConfig) -> Result<Self, LedgerError> {
+        let head = match &db {
+            Db::Postgres(p) => postgres::head(p).await?,
+            Db::Sqlite(p) => sqlite::head(p).await?,
+        };
+        let (committed_tx, committed) = watch::channel(head.map_or(0, |(seq, _)| seq));
+        let (tx, rx) = mpsc::channel(config.queue_capacity.max(1));
+        let task = tokio::spawn(writer::run(
+            db.clone(),
+            rx,
+            committed_tx,
+            config.max_batch.max(1),
+            config.max_wait,
+        ));
+        Ok(EventStore {
+            inner: Arc::new(Inner {
+                db,
+                config,
+                writer: tx,
+                committed,
+                writer_task: Mutex::new(Some(task)),
+            }),
+        })
+    }
+
+    /// `"postgres"` or `"sqlite"`.
+    pub fn backend_name(&self) -> &'static str {
+        match self.inner.db {
+            Db::Postgres(_) => "postgres",
+            Db::Sqlite(_) => "sqlite",
+        }
+    }
+
+    /// The PostgreSQL pool, for crates that keep tables of their own beside the ledger.
+    pub fn postgres_pool(&self) -> Option<&PgPool> {
+        match &self.inner.db {
+            Db::Postgres(p) => Some(p),
+            Db::Sqlite(_) => None,
+        }
+    }
+
+    /// The SQLite pool, for crates that keep tables of their own beside the ledger.
+    pub fn sqlite_pool(&self) -> Option<&SqlitePool> {
+        match &self.inner.db {
+            Db::Sqlite(p) => Some(p),
+            Db::Postgres(_) => None,
+        }
+    }
+
+    pub fn config(&self) -> &StoreConfig {
+        &self.inner.config
+    }
+
+    /// Appends `events` to one stream if it is at `expected`; answers once committed.
+    pub async fn append(
+        &self,
+        stream_id: &str,
+        expected: ExpectedVersion,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<Committed>, LedgerError> {
+        self.append_multi(vec![AppendToStream {
+            stream_id: stream_id.to_owned(),
+            expected,
+            events,
+        }])
+        .await
+    }
+
+    /// Appends to several streams atomically: all expectations hold and every event is
+    /// committed, or nothing is.
+    pub async fn append_multi(
+        &self,
+        appends: Vec<AppendToStream>,
+    ) -> Result<Vec<Committed>, LedgerError> {
+        let appends = self.validate(appends)?;
+        let (reply, answer) = oneshot::channel();
+        self.inner
+            .writer
+            .try_send(WriterMsg::Append {
+                appends,
+                reply,
+                enqueued: std::time::Instant::now(),
+            })
+            .map_err(|e| match e {
+                mpsc::error::TrySendError::Full(_) => LedgerError::Overloaded,
+                mpsc::error::TrySendError::Closed(_) => LedgerError::WriterClosed,
+            })?;
+        answer.await.map_err(|_| LedgerError::WriterClosed)?
+    }
+
+    fn validate(&self, appends: Vec<AppendToStream>) -> Result<Vec<StreamAppend>, LedgerError> {
+        let count: usize = appends.iter().map(|a| a.events.len()).sum();
+        if count == 0 {
+            return Err(LedgerError::EmptyAppend);
+        }
+        let limit = self.inner.config.max_events_per_append;
+        if count > limit {
+            return Err(LedgerError::TooManyEvents { count, limit });
+        }
+        let mut seen = std::collections::HashSet::new();
+        let mut out = Vec::with_capacity(appends.len());
+        for a in appends {
+            validate_stream_id(&a.stream_id)?;
+            if !seen.insert(a.stream_id.clone()) {
+                return Err(LedgerError::DuplicateStream {
+                    stream_id: a.stream_id,
+                });
+            }
+            let events = a
+                .events
+                .into_iter()
+                .map(|e| e.validate(self.inner.config.max_payload_bytes))
+                .collect::<Result<Vec<_>, _>>()?;
+            out.push(StreamAppend {
+                stream_id: a.stream_id,
+                expected: a.expected,
+                events,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Up to `limit` events from `from_seq` on, in seq order.
+    pub async fn read_all(
+        &self,
+        from_seq: u64,
+        limit: u32,
+    ) -> Result<Vec<RecordedEvent>, LedgerError> {
+        match &self.inner.db {
+            Db::Postgres(p) => postgres::read_all(p, from_seq, limit).await,
+            Db::Sqlite(p) => sqlite::read_all(p, from_seq, limit).await,
+        }
+    }
+
+    /// Up to `limit` events of one stream, starting at `from_version` (inclusive) and going
+    /// `direction`; `u64::MAX` with [`Direction::Backward`] starts at the end.
+    pub async fn read_stream(
+        &self,
+        stream_id: &str,
+        from_version: u64,
+        direction: Direction,
+        limit: u32,
+    ) -> Result<Vec<RecordedEvent>, LedgerError> {
+        validate_stream_id(stream_id)?;
+        match &self.inner.db {
+            Db::Postgres(p) => {
+                postgres::read_stream(p, stream_id, from_version, direction, limit).await
+            }
+            Db::Sqlite(p) => {
+                sqlite::read_stream(p, stream_id, from_version, direction, limit).await
+            }
+        }
+    }
+
+    /// Events recorded in `[from, to)`, after `after_seq`, in seq order (= time order).
+    pub async fn read_time_range(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        after_seq: u64,
+        limit: u32,
+    ) -> Result<Vec<RecordedEvent>, LedgerError> {
+        match &self.inner.db {
+            Db::Postgres(p) => postgres::read_time_range(p, from, to, after_seq, limit).await,
+            Db::Sqlite(p) => sqlite::read_time_range(p, from, to, after_seq, limit).await,
+        }
+    }
+
+    /// The last committed seq and hash (`None` for an empty ledger), read from the database.
+    pub async fn head(&self) -> Result<Option<(u64, Hash)>, LedgerError> {
+        match &self.inner.db {
+            Db::Postgres(p) => postgres::head(p).await,
+            Db::Sqlite(p) => sqlite::head(p).await,
+        }
+    }
+
+    /// The stream's current version (0 when it has no events).
+    pub async fn stream_version(&self, stream_id: &str) -> Result<u64, LedgerError> {
+        validate_stream_id(stream_id)?;
+        match &self.inner.db {
+            Db::Postgres(p) => postgres::stream_version(p, stream_id).await,
+            Db::Sqlite(p) => sqlite::stream_version(p, stream_id).await,
+        }
+    }
+
+    /// Up to `limit` `(seq, hash)` pairs from `from_seq` on: the Merkle log's leaves.
+    pub async fn read_hashes(
+        &self,
+        from_seq: u64,
+        limit: u32,
+    ) -> Result<Vec<(u64, Hash)>, LedgerError> {
+        match &self.inner.db {
+            Db::Postgres(p) => postgres::read_hashes(p, from_seq, limit).await,
+            Db::Sqlite(p) => sqlite::read_hashes(p, from_seq, limit).await,
+        }
+    }
+
+    /// The highest seq this process has seen committed; changes as the writer commits.
+    pub fn committed_seq(&self) -> watch::Receiver<u64> {
+        self.inner.committed.clone()
+    }
+
+    /// A catch-up subscription from `from_seq` (inclusive) that turns live at the head.
+    pub fn subscribe(&self, from_seq: u64) -> Subscription {
+        Subscription::new(self.clone(), from_seq.max(1), None)
+    }
+
+    /// A named subscription resuming after its stored position; the subscriber stores its
+    /// progress with [`Subscription::save_position`].
+    pub async fn subscribe_named(&self, name: &str) -> Result<Subscription, LedgerError> {
+        let position = self.load_position(name).await?.unwrap_or(0);
+        Ok(Subscription::new(
+            self.clone(),
+            position + 1,
+            Some(name.to_owned()),
+        ))
+    }
+
+    /// The last seq a named subscriber stored as processed.
+    pub async fn load_position(&self, name: &str) -> Result<Option<u64>, LedgerError> {
+        match &self.inner.db {
+            Db::Postgres(p) => postgres::load_position(p, name).await,
+            Db::Sqlite(p) => sqlite::load_position(p, name).await,
+        }
+    }
+
+    /// Stores that a named subscriber has processed everything up to `position`.
+    pub async fn save_position(&self, name: &str, position: u64) -> Result<(), LedgerError> {
+        match &self.inner.db {
+            Db::Postgres(p) => postgres::save_position(p, name, position).await,
+            Db::Sqlite(p) => sqlite::save_position(p, name, position).await,
+        }
+    }
+
+    /// Stops accepting appends, commits everything already queued, and waits for the
+    /// writer to finish. Appends after this fail with [`LedgerError::WriterClosed`].
+    pub async fn shutdown(&self) {
+        let (ack, done) = oneshot::channel();
+        if self
+            .inner
+            .writer
+            .send(WriterMsg::Shutdown { ack })
+            .await
+            .is_ok()
+        {
+            let _ = done.await;
+        }
+        if let Some(task) = self.inner.writer_task.lock().await.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+/// A database URL with any password replaced, for messages and logs.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let userinfo = &url[scheme_end + 3..at];
+            match userinfo.find(':') {
+                Some(colon) => format!(
+                    "{}{}:***{}",
+                    &url[..scheme_end + 3],
+                    &userinfo[..colon],
+                    &url[at..]
+                ),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}

@@ -1,0 +1,259 @@
+//! PostgreSQL backend: production. One writer at a time per database, serialised by an
+//! advisory lock so that several Aether processes may share one ledger.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+use sqlx::postgres::{PgPool, PgRow};
+
+use super::plan::{EventRow, Head, RequestOutcome, StreamAppend, plan_batch, streams_of};
+use super::{Direction, decode_event};
+use crate::error::LedgerError;
+use crate::event::{RecordedEvent, ledger_now};
+use crate::hashing::Hash;
+
+/// Advisory lock key of the ledger writer ("aether" in ASCII).
+const WRITER_LOCK: i64 = 0x0000_6165_7468_6572;
+
+pub(crate) async fn migrate(pool: &PgPool) -> Result<(), LedgerError> {
+    sqlx::migrate!("../../migrations/postgres")
+        .run(pool)
+        .await?;
+    Ok(())
+}
+
+fn event(row: &PgRow) -> Result<RecordedEvent, LedgerError> {
+    let recorded_at: DateTime<Utc> = row.try_get("recorded_at")?;
+    decode_event(row, recorded_at)
+}
+
+pub(crate) async fn commit_batch(
+    pool: &PgPool,
+    requests: &[&[StreamAppend]],
+) -> Result<Vec<RequestOutcome>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(WRITER_LOCK)
+        .execute(&mut *tx)
+        .await?;
+    let head = sqlx::query("SELECT seq, hash, recorded_at FROM events ORDER BY seq DESC LIMIT 1")
+        .fetch_optional(&mut *tx)
+        .await?
+        .map(|row| -> Result<Head, sqlx::Error> {
+            Ok(Head {
+                seq: row.try_get::<i64, _>("seq")? as u64,
+                hash: hash_column(&row, "hash")?,
+                recorded_at: row.try_get("recorded_at")?,
+            })
+        })
+        .transpose()?;
+    let streams = streams_of(requests);
+    let versions: HashMap<String, u64> = sqlx::query(
+        "SELECT stream_id, MAX(stream_version) AS v FROM events \
+         WHERE stream_id = ANY($1) GROUP BY stream_id",
+    )
+    .bind(&streams)
+    .fetch_all(&mut *tx)
+    .await?
+    .iter()
+    .map(|r| Ok((r.try_get("stream_id")?, r.try_get::<i64, _>("v")? as u64)))
+    .collect::<Result<_, sqlx::Error>>()?;
+
+    let (rows, outcomes) = plan_batch(head, versions, requests, ledger_now());
+    if !rows.is_empty() {
+        insert(&mut tx, &rows).await?;
+    }
+    tx.commit().await?;
+    Ok(outcomes)
+}
+
+async fn insert(tx: &mut sqlx::PgConnection, rows: &[EventRow]) -> Result<(), sqlx::Error> {
+    let mut seq = Vec::with_capacity(rows.len());
+    let mut stream_id = Vec::with_capacity(rows.len());
+    let mut stream_version = Vec::with_capacity(rows.len());
+    let mut event_id = Vec::with_capacity(rows.len());
+    let mut event_type = Vec::with_capacity(rows.len());
+    let mut schema_version = Vec::with_capacity(rows.len());
+    let mut payload = Vec::with_capacity(rows.len());
+    let mut metadata = Vec::with_capacity(rows.len());
+    let mut recorded_at = Vec::with_capacity(rows.len());
+    let mut prev_hash = Vec::with_capacity(rows.len());
+    let mut hash = Vec::with_capacity(rows.len());
+    for r in rows {
+        seq.push(r.seq);
+        stream_id.push(r.stream_id.as_str());
+        stream_version.push(r.stream_version);
+        event_id.push(r.event_id);
+        event_type.push(r.event_type.as_str());
+        schema_version.push(r.schema_version);
+        payload.push(r.payload.as_str());
+        metadata.push(r.metadata.as_str());
+        recorded_at.push(r.recorded_at);
+        prev_hash.push(r.prev_hash.as_slice());
+        hash.push(r.hash.as_slice());
+    }
+    sqlx::query(
+        "INSERT INTO events (seq, stream_id, stream_version, event_id, event_type, schema_version, \
+                             payload, metadata, recorded_at, prev_hash, hash) \
+         SELECT * FROM UNNEST($1::bigint[], $2::text[], $3::bigint[], $4::uuid[], $5::text[], \
+                              $6::int[], $7::text[], $8::text[], $9::timestamptz[], $10::bytea[], $11::bytea[])",
+    )
+    .bind(&seq)
+    .bind(&stream_id)
+    .bind(&stream_version)
+    .bind(&event_id)
+    .bind(&event_type)
+    .bind(&schema_version)
+    .bind(&payload)
+    .bind(&metadata)
+    .bind(&recorded_at)
+    .bind(&prev_hash)
+    .bind(&hash)
+    .execute(tx)
+    .await?;
+    Ok(())
+}
+
+pub(crate) fn hash_column(row: &PgRow, column: &str) -> Result<Hash, sqlx::Error> {
+    let bytes: Vec<u8> = row.try_get(column)?;
+    bytes
+        .try_into()
+        .map_err(|b: Vec<u8>| sqlx::Error::ColumnDecode {
+            index: column.to_string(),
+            source: format!("expected a 32-byte hash, found {} bytes", b.len()).into(),
+        })
+}
+
+pub(crate) async fn read_all(
+    pool: &PgPool,
+    from_seq: u64,
+    limit: u32,
+) -> Result<Vec<RecordedEvent>, LedgerError> {
+    sqlx::query(select_events!("WHERE seq >= $1 ORDER BY seq LIMIT $2"))
+        .bind(from_seq as i64)
+        .bind(i64::from(limit))
+        .fetch_all(pool)
+        .await?
+        .iter()
+        .map(event)
+        .collect()
+}
+
+pub(crate) async fn read_stream(
+    pool: &PgPool,
+    stream_id: &str,
+    from_version: u64,
+    direction: Direction,
+    limit: u32,
+) -> Result<Vec<RecordedEvent>, LedgerError> {
+    let sql = match direction {
+        Direction::Forward => select_events!(
+            "WHERE stream_id = $1 AND stream_version >= $2 ORDER BY stream_version LIMIT $3"
+        ),
+        Direction::Backward => select_events!(
+            "WHERE stream_id = $1 AND stream_version <= $2 ORDER BY stream_version DESC LIMIT $3"
+        ),
+    };
+    sqlx::query(sql)
+        .bind(stream_id)
+        .bind(i64::try_from(from_version).unwrap_or(i64::MAX))
+        .bind(i64::from(limit))
+        .fetch_all(pool)
+        .await?
+        .iter()
+        .map(event)
+        .collect()
+}
+
+pub(crate) async fn read_time_range(
+    pool: &PgPool,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+    after_seq: u64,
+    limit: u32,
+) -> Result<Vec<RecordedEvent>, LedgerError> {
+    sqlx::query(select_events!(
+        "WHERE recorded_at >= $1 AND recorded_at < $2 AND seq > $3 ORDER BY seq LIMIT $4"
+    ))
+    .bind(from)
+    .bind(to)
+    .bind(after_seq as i64)
+    .bind(i64::from(limit))
+    .fetch_all(pool)
+    .await?
+    .iter()
+    .map(event)
+    .collect()
+}
+
+pub(crate) async fn head(pool: &PgPool) -> Result<Option<(u64, Hash)>, LedgerError> {
+    let row = sqlx::query("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1")
+        .fetch_optional(pool)
+        .await?;
+    Ok(match row {
+        Some(r) => Some((r.try_get::<i64, _>("seq")? as u64, hash_column(&r, "hash")?)),
+        None => None,
+    })
+}
+
+pub(crate) async fn stream_version(pool: &PgPool, stream_id: &str) -> Result<u64, LedgerError> {
+    let v: Option<i64> =
+        sqlx::query_scalar("SELECT MAX(stream_version) FROM events WHERE stream_id = $1")
+            .bind(stream_id)
+            .fetch_one(pool)
+            .await?;
+    Ok(v.unwrap_or(0) as u64)
+}
+
+pub(crate) async fn read_hashes(
+    pool: &PgPool,
+    from_seq: u64,
+    limit: u32,
+) -> Result<Vec<(u64, Hash)>, LedgerError> {
+    let rows = sqlx::query("SELECT seq, hash FROM events WHERE seq >= $1 ORDER BY seq LIMIT $2")
+        .bind(from_seq as i64)
+        .bind(i64::from(limit))
+        .fetch_all(pool)
+        .await?;
+    rows.iter()
+        .map(|r| Ok((r.try_get::<i64, _>("seq")? as u64, hash_column(r, "hash")?)))
+        .collect()
+}
+
+pub(crate) async fn existing_event_ids(
+    pool: &PgPool,
+    ids: &[uuid::Uuid],
+) -> Result<Vec<uuid::Uuid>, LedgerError> {
+    Ok(
+        sqlx::query_scalar("SELECT event_id FROM events WHERE event_id = ANY($1)")
+            .bind(ids)
+            .fetch_all(pool)
+            .await?,
+    )
+}
+
+pub(crate) async fn load_position(pool: &PgPool, name: &str) -> Result<Option<u64>, LedgerError> {
+    let v: Option<i64> =
+        sqlx::query_scalar("SELECT position FROM subscription_positions WHERE name = $1")
+            .bind(name)
+            .fetch_optional(pool)
+            .await?;
+    Ok(v.map(|v| v as u64))
+}
+
+pub(crate) async fn save_position(
+    pool: &PgPool,
+    name: &str,
+    position: u64,
+) -> Result<(), LedgerError> {
+    sqlx::query(
+        "INSERT INTO subscription_positions (name, position, updated_at) VALUES ($1, $2, now()) \
+         ON CONFLICT (name) DO UPDATE SET position = EXCLUDED.position, updated_at = now()",
+    )
+    .bind(name)
+    .bind(position as i64)
+    .execute(pool)
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,246 @@
+//! SQLite backend: the embedded default. WAL journal with `synchronous = FULL`, so an
+//! acknowledged append survives a crash; `BEGIN IMMEDIATE` serialises writers.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use sqlx::sqlite::{SqlitePool, SqliteRow};
+use sqlx::{QueryBuilder, Row, Sqlite};
+
+use super::plan::{EventRow, Head, RequestOutcome, StreamAppend, plan_batch, streams_of};
+use super::{Direction, decode_event};
+use crate::error::LedgerError;
+use crate::event::{RecordedEvent, ledger_now};
+use crate::hashing::Hash;
+
+/// SQLite allows 32766 bound variables per statement; 11 per row.
+const ROWS_PER_INSERT: usize = 2000;
+
+pub(crate) async fn migrate(pool: &SqlitePool) -> Result<(), LedgerError> {
+    sqlx::migrate!("../../migrations/sqlite").run(pool).await?;
+    Ok(())
+}
+
+/// Ledger time is stored as microseconds since the Unix epoch.
+pub(crate) fn to_micros(t: DateTime<Utc>) -> i64 {
+    t.timestamp_micros()
+}
+
+fn from_micros(column: &str, micros: i64) -> Result<DateTime<Utc>, sqlx::Error> {
+    DateTime::from_timestamp_micros(micros).ok_or_else(|| sqlx::Error::ColumnDecode {
+        index: column.to_string(),
+        source: format!("{micros} is not a valid timestamp").into(),
+    })
+}
+
+fn event(row: &SqliteRow) -> Result<RecordedEvent, LedgerError> {
+    let recorded_at = from_micros("recorded_at", row.try_get("recorded_at")?)?;
+    decode_event(row, recorded_at)
+}
+
+pub(crate) async fn commit_batch(
+    pool: &SqlitePool,
+    requests: &[&[StreamAppend]],
+) -> Result<Vec<RequestOutcome>, sqlx::Error> {
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    let head = sqlx::query("SELECT seq, hash, recorded_at FROM events ORDER BY seq DESC LIMIT 1")
+        .fetch_optional(&mut *tx)
+        .await?
+        .map(|row| -> Result<Head, sqlx::Error> {
+            Ok(Head {
+                seq: row.try_get::<i64, _>("seq")? as u64,
+                hash: hash_column(&row, "hash")?,
+                recorded_at: from_micros("recorded_at", row.try_get("recorded_at")?)?,
+            })
+        })
+        .transpose()?;
+    let mut versions = HashMap::new();
+    for stream_id in streams_of(requests) {
+        let v: Option<i64> =
+            sqlx::query_scalar("SELECT MAX(stream_version) FROM events WHERE stream_id = ?")
+                .bind(&stream_id)
+                .fetch_one(&mut *tx)
+                .await?;
+        versions.insert(stream_id, v.unwrap_or(0) as u64);
+    }
+
+    let (rows, outcomes) = plan_batch(head, versions, requests, ledger_now());
+    for chunk in rows.chunks(ROWS_PER_INSERT) {
+        insert(&mut tx, chunk).await?;
+    }
+    tx.commit().await?;
+    Ok(outcomes)
+}
+
+async fn insert(tx: &mut sqlx::SqliteConnection, rows: &[EventRow]) -> Result<(), sqlx::Error> {
+    let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
+        "INSERT INTO events (seq, stream_id, stream_version, event_id, event_type, schema_version, \
+                             payload, metadata, recorded_at, prev_hash, hash) ",
+    );
+    q.push_values(rows, |mut b, r| {
+        b.push_bind(r.seq)
+            .push_bind(r.stream_id.as_str())
+            .push_bind(r.stream_version)
+            .push_bind(r.event_id)
+            .push_bind(r.event_type.as_str())
+            .push_bind(r.schema_version)
+            .push_bind(r.payload.as_str())
+            .push_bind(r.metadata.as_str())
+            .push_bind(to_micros(r.recorded_at))
+            .push_bind(r.prev_hash.as_slice())
+            .push_bind(r.hash.as_slice());
+    });
+    q.build().execute(tx).await?;
+    Ok(())
+}
+
+pub(crate) fn hash_column(row: &SqliteRow, column: &str) -> Result<Hash, sqlx::Error> {
+    let bytes: Vec<u8> = row.try_get(column)?;
+    bytes
+        .try_into()
+        .map_err(|b: Vec<u8>| sqlx::Error::ColumnDecode {
+            index: column.to_string(),
+            source: format!("expected a 32-byte hash, found {} bytes", b.len()).into(),
+        })
+}
+
+pub(crate) async fn read_all(
+    pool: &SqlitePool,
+    from_seq: u64,
+    limit: u32,
+) -> Result<Vec<RecordedEvent>, LedgerError> {
+    sqlx::query(select_events!("WHERE seq >= ? ORDER BY seq LIMIT ?"))
+        .bind(from_seq as i64)
+        .bind(i64::from(limit))
+        .fetch_all(pool)
+        .await?
+        .iter()
+        .map(event)
+        .collect()
+}
+
+pub(crate) async fn read_stream(
+    pool: &SqlitePool,
+    stream_id: &str,
+    from_version: u64,
+    direction: Direction,
+    limit: u32,
+) -> Result<Vec<RecordedEvent>, LedgerError> {
+    let sql = match direction {
+        Direction::Forward => select_events!(
+            "WHERE stream_id = ? AND stream_version >= ? ORDER BY stream_version LIMIT ?"
+        ),
+        Direction::Backward => select_events!(
+            "WHERE stream_id = ? AND stream_version <= ? ORDER BY stream_version DESC LIMIT ?"
+        ),
+    };
+    sqlx::query(sql)
+        .bind(stream_id)
+        .bind(i64::try_from(from_version).unwrap_or(i64::MAX))
+        .bind(i64::from(limit))
+        .fetch_all(pool)
+        .await?
+        .iter()
+        .map(event)
+        .collect()
+}
+
+pub(crate) async fn read_time_range(
+    pool: &SqlitePool,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+    after_seq: u64,
+    limit: u32,
+) -> Result<Vec<RecordedEvent>, LedgerError> {
+    sqlx::query(select_events!(
+        "WHERE recorded_at >= ? AND recorded_at < ? AND seq > ? ORDER BY seq LIMIT ?"
+    ))
+    .bind(to_micros(from))
+    .bind(to_micros(to))
+    .bind(after_seq as i64)
+    .bind(i64::from(limit))
+    .fetch_all(pool)
+    .await?
+    .iter()
+    .map(event)
+    .collect()
+}
+
+pub(crate) async fn head(pool: &SqlitePool) -> Result<Option<(u64, Hash)>, LedgerError> {
+    let row = sqlx::query("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1")
+        .fetch_optional(pool)
+        .await?;
+    Ok(match row {
+        Some(r) => Some((r.try_get::<i64, _>("seq")? as u64, hash_column(&r, "hash")?)),
+        None => None,
+    })
+}
+
+pub(crate) async fn stream_version(pool: &SqlitePool, stream_id: &str) -> Result<u64, LedgerError> {
+    let v: Option<i64> =
+        sqlx::query_scalar("SELECT MAX(stream_version) FROM events WHERE stream_id = ?")
+            .bind(stream_id)
+            .fetch_one(pool)
+            .await?;
+    Ok(v.unwrap_or(0) as u64)
+}
+
+pub(crate) async fn read_hashes(
+    pool: &SqlitePool,
+    from_seq: u64,
+    limit: u32,
+) -> Result<Vec<(u64, Hash)>, LedgerError> {
+    let rows = sqlx::query("SELECT seq, hash FROM events WHERE seq >= ? ORDER BY seq LIMIT ?")
+        .bind(from_seq as i64)
+        .bind(i64::from(limit))
+        .fetch_all(pool)
+        .await?;
+    rows.iter()
+        .map(|r| Ok((r.try_get::<i64, _>("seq")? as u64, hash_column(r, "hash")?)))
+        .collect()
+}
+
+pub(crate) async fn existing_event_ids(
+    pool: &SqlitePool,
+    ids: &[uuid::Uuid],
+) -> Result<Vec<uuid::Uuid>, LedgerError> {
+    let mut found = Vec::new();
+    for id in ids {
+        let hit: Option<uuid::Uuid> =
+            sqlx::query_scalar("SELECT event_id FROM events WHERE event_id = ?")
+                .bind(id)
+                .fetch_optional(pool)
+                .await?;
+        found.extend(hit);
+    }
+    Ok(found)
+}
+
+pub(crate) async fn load_position(
+    pool: &SqlitePool,
+    name: &str,
+) -> Result<Option<u64>, LedgerError> {
+    let v: Option<i64> =
+        sqlx::query_scalar("SELECT position FROM subscription_positions WHERE name = ?")
+            .bind(name)
+            .fetch_optional(pool)
+            .await?;
+    Ok(v.map(|v| v as u64))
+}
+
+pub(crate) async fn save_position(
+    pool: &SqlitePool,
+    name: &str,
+    position: u64,
+) -> Result<(), LedgerError> {
+    sqlx::query(
+        "INSERT INTO subscription_positions (name, position, updated_at) VALUES (?, ?, ?) \
+         ON CONFLICT (name) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at",
+    )
+    .bind(name)
+    .bind(position as i64)
+    .bind(to_micros(Utc::now()))
+    .execute(pool)
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,88 @@
+//! Catch-up subscriptions: read the ledger from a position, then follow it live.
+//!
+//! Events always come from the database in seq order, so a subscriber never sees a gap
+//! or a reordering, whatever the writer does; the writer's commit signal only wakes it.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use crate::error::LedgerError;
+use crate::event::RecordedEvent;
+use crate::store::EventStore;
+
+/// Rows fetched per database read while catching up.
+const PAGE: u32 = 500;
+/// How often a live subscriber looks for events written by other processes.
+const POLL: Duration = Duration::from_millis(500);
+
+/// A position in the ledger that yields every event from there on, forever.
+pub struct Subscription {
+    store: EventStore,
+    next_seq: u64,
+    buffer: VecDeque<RecordedEvent>,
+    name: Option<String>,
+    committed: tokio::sync::watch::Receiver<u64>,
+}
+
+impl Subscription {
+    pub(crate) fn new(store: EventStore, next_seq: u64, name: Option<String>) -> Self {
+        let committed = store.committed_seq();
+        Subscription {
+            store,
+            next_seq,
+            buffer: VecDeque::new(),
+            name,
+            committed,
+        }
+    }
+
+    /// The seq the next call to [`Subscription::next`] returns.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq - self.buffer.len() as u64
+    }
+
+    /// The name whose position is stored, for named subscriptions.
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
+    /// The next event; waits for one to be committed when caught up.
+    pub async fn next(&mut self) -> Result<RecordedEvent, LedgerError> {
+        loop {
+            if let Some(event) = self.buffer.pop_front() {
+                return Ok(event);
+            }
+            self.committed.borrow_and_update();
+            let page = self.store.read_all(self.next_seq, PAGE).await?;
+            if let Some(last) = page.last() {
+                self.next_seq = last.seq + 1;
+                self.buffer.extend(page);
+                continue;
+            }
+            // Caught up: wait for this process's writer, or poll for other writers.
+            let _ = tokio::time::timeout(POLL, self.committed.changed()).await;
+        }
+    }
+
+    /// Up to `max` events that are available now, waiting only if there are none.
+    pub async fn next_batch(&mut self, max: usize) -> Result<Vec<RecordedEvent>, LedgerError> {
+        let first = self.next().await?;
+        let mut out = vec![first];
+        while out.len() < max {
+            match self.buffer.pop_front() {
+                Some(e) => out.push(e),
+                None => break,
+            }
+        }
+        Ok(out)
+    }
+
+    /// Stores that this named subscriber has processed everything up to `seq`, so that
+    /// [`EventStore::subscribe_named`] resumes after it.
+    pub async fn save_position(&self, seq: u64) -> Result<(), LedgerError> {
+        match &self.name {
+            Some(name) => self.store.save_position(name, seq).await,
+            None => Ok(()),
+        }
+    }
+}

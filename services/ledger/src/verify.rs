@@ -1,0 +1,305 @@
+//! Verification of a whole ledger: the chain (gapless seqs, links, recomputed hashes,
+//! non-decreasing time, gapless stream versions) and every signed checkpoint (signature
+//! and Merkle root at its tree size). Reports the first broken seq and why.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::checkpoint::{CheckpointVerifier, SignedCheckpoint};
+use crate::error::LedgerError;
+use crate::event::RecordedEvent;
+use crate::hashing::{GENESIS_PREV_HASH, Hash};
+use crate::merkle::MerkleTree;
+use crate::store::EventStore;
+
+/// What is wrong at the first broken seq.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, thiserror::Error)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Problem {
+    #[error("gap: expected seq {expected}, found seq {found}")]
+    Gap { expected: u64, found: u64 },
+    #[error("bad link: prev_hash is {found} but the hash of the previous event is {expected}")]
+    BadLink { expected: String, found: String },
+    #[error("hash mismatch: stored {stored}, recomputed from the fields {computed}")]
+    HashMismatch { stored: String, computed: String },
+    #[error("recorded_at {at} is earlier than the previous event's {previous}")]
+    TimeWentBackwards { previous: String, at: String },
+    #[error("stream {stream_id:?}: expected version {expected}, found {found}")]
+    StreamVersionGap {
+        stream_id: String,
+        expected: u64,
+        found: u64,
+    },
+    #[error("checkpoint is malformed or signed by an untrusted key: {reason}")]
+    BadCheckpoint { reason: String },
+    #[error("checkpoint signature does not verify")]
+    BadSignature,
+    #[error("checkpoint claims tree size {tree_size}, beyond the events before it")]
+    CheckpointBeyondLog { tree_size: u64 },
+    #[error("checkpoint root for tree size {tree_size} is {claimed}, the events give {computed}")]
+    RootMismatch {
+        tree_size: u64,
+        claimed: String,
+        computed: String,
+    },
+}
+
+/// The first failure found.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct VerifyFailure {
+    pub seq: u64,
+    pub problem: Problem,
+}
+
+/// What a verification run saw.
+#[derive(Clone, Debug, Serialize)]
+pub struct VerifyReport {
+    pub events_checked: u64,
+    pub checkpoints_checked: u64,
+    /// Hash of the last event checked, hex.
+    pub head_hash: Option<String>,
+    pub latest_checkpoint: Option<SignedCheckpoint>,
+    pub failure: Option<VerifyFailure>,
+}
+
+impl VerifyReport {
+    pub fn is_ok(&self) -> bool {
+        self.failure.is_none()
+    }
+}
+
+/// Streaming verifier: feed events in seq order, then take the report. Pure, so the
+/// database walk and the offline bundle verifier share it.
+pub struct ChainVerifier {
+    trusted_key: Option<CheckpointVerifier>,
+    expected_seq: u64,
+    prev_hash: Hash,
+    prev_time: Option<DateTime<Utc>>,
+    stream_versions: HashMap<String, u64>,
+    tree: MerkleTree,
+    checkpoints: u64,
+    latest_checkpoint: Option<SignedCheckpoint>,
+    failure: Option<VerifyFailure>,
+}
+
+impl ChainVerifier {
+    /// Checkpoints must be signed by `trusted_key`; without one, each checkpoint is checked
+    /// against the key it names (which proves integrity, not who signed).
+    pub fn new(trusted_key: Option<CheckpointVerifier>) -> Self {
+        ChainVerifier {
+            trusted_key,
+            expected_seq: 1,
+            prev_hash: GENESIS_PREV_HASH,
+            prev_time: None,
+            stream_versions: HashMap::new(),
+            tree: MerkleTree::new(),
+            checkpoints: 0,
+            latest_checkpoint: None,
+            failure: None,
+        }
+    }
+
+    pub fn failed(&self) -> bool {
+        self.failure.is_some()
+    }
+
+    /// Checks one event; `computed_hash` is its recomputed hash (computed by the caller so
+    /// that it can be done in parallel). After the first failure, further events are ignored.
+    pub fn push(&mut self, event: &RecordedEvent, computed_hash: Hash) {
+        if self.failure.is_some() {
+            return;
+        }
+        if let Err(problem) = self.check(event, computed_hash) {
+            self.failure = Some(VerifyFailure {
+                seq: event.seq,
+                problem,
+            });
+        }
+    }
+
+    fn check(&mut self, event: &RecordedEvent, computed: Hash) -> Result<(), Problem> {
+        if event.seq != self.expected_seq {
+            return Err(Problem::Gap {
+                expected: self.expected_seq,
+                found: event.seq,
+            });
+        }
+        if event.prev_hash != self.prev_hash {
+            return Err(Problem::BadLink {
+                expected: hex::encode(self.prev_hash),
+                found: hex::encode(event.prev_hash),
+            });
+        }
+        if computed != event.hash {
+            return Err(Problem::HashMismatch {
+                stored: hex::encode(event.hash),
+                computed: hex::encode(computed),
+            });
+        }
+        if let Some(previous) = self.prev_time
+            && event.recorded_at < previous
+        {
+            return Err(Problem::TimeWentBackwards {
+                previous: previous.to_rfc3339(),
+                at: event.recorded_at.to_rfc3339(),
+            });
+        }
+        let version = self
+            .stream_versions
+            .entry(event.stream_id.clone())
+            .or_insert(0);
+        if event.stream_version != *version + 1 {
+            return Err(Problem::StreamVersionGap {
+                stream_id: event.stream_id.clone(),
+                expected: *version + 1,
+                found: event.stream_version,
+            });
+        }
+        *version += 1;
+        if let Some(checkpoint) = SignedCheckpoint::from_event(event) {
+            self.check_checkpoint(checkpoint)?;
+        }
+        self.tree.push(&event.hash);
+        self.expected_seq += 1;
+        self.prev_hash = event.hash;
+        self.prev_time = Some(event.recorded_at);
+        Ok(())
+    }
+
+    fn check_checkpoint(
+        &mut self,
+        checkpoint: Result<SignedCheckpoint, crate::checkpoint::CheckpointError>,
+    ) -> Result<(), Problem> {
+        use crate::checkpoint::CheckpointError;
+        let checkpoint = checkpoint.map_err(|e| Problem::BadCheckpoint {
+            reason: e.to_string(),
+        })?;
+        let signature = match &self.trusted_key {
+            Some(key) => key.verify(&checkpoint),
+            None => checkpoint.verify_self_signed(),
+        };
+        match signature {
+            Ok(()) => {}
+            Err(CheckpointError::BadSignature) => return Err(Problem::BadSignature),
+            Err(e) => {
+                return Err(Problem::BadCheckpoint {
+                    reason: e.to_string(),
+                });
+            }
+        }
+        let computed =
+            self.tree
+                .root_at(checkpoint.tree_size)
+                .map_err(|_| Problem::CheckpointBeyondLog {
+                    tree_size: checkpoint.tree_size,
+                })?;
+        if computed != checkpoint.root_hash {
+            return Err(Problem::RootMismatch {
+                tree_size: checkpoint.tree_size,
+                claimed: hex::encode(checkpoint.root_hash),
+                computed: hex::encode(computed),
+            });
+        }
+        self.checkpoints += 1;
+        self.latest_checkpoint = Some(checkpoint);
+        Ok(())
+    }
+
+    pub fn report(self) -> VerifyReport {
+        VerifyReport {
+            events_checked: self.expected_seq - 1,
+            checkpoints_checked: self.checkpoints,
+            head_hash: (self.expected_seq > 1).then(|| hex::encode(self.prev_hash)),
+            latest_checkpoint: self.latest_checkpoint,
+            failure: self.failure,
+        }
+    }
+}
+
+/// Events read per page while verifying.
+const PAGE: u32 = 10_000;
+
+/// Walks the whole ledger in `store`. `progress` is called with the number of events
+/// checked so far after each page.
+pub async fn verify_store(
+    store: &EventStore,
+    trusted_key: Option<CheckpointVerifier>,
+    mut progress: impl FnMut(u64),
+) -> Result<VerifyReport, LedgerError> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Vec<RecordedEvent>, LedgerError>>(2);
+    // Read ahead while hashing: the database read and the SM3 work overlap.
+    let reader = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut next = 1;
+            loop {
+                let page = store.read_all(next, PAGE).await;
+                let done = match &page {
+                    Ok(p) => match p.last() {
+                        Some(last) => {
+                            next = last.seq + 1;
+                            false
+                        }
+                        None => true,
+                    },
+                    Err(_) => true,
+                };
+                if tx.send(page).await.is_err() || done {
+                    break;
+                }
+            }
+        })
+    };
+    let mut verifier = ChainVerifier::new(trusted_key);
+    let mut checked = 0u64;
+    while let Some(page) = rx.recv().await {
+        let page = page?;
+        if page.is_empty() {
+            break;
+        }
+        let (page, hashes) = tokio::task::spawn_blocking(move || {
+            let hashes = recompute_hashes(&page);
+            (page, hashes)
+        })
+        .await
+        .map_err(|e| LedgerError::CommitFailed(format!("verifier task failed: {e}")))?;
+        for (event, hash) in page.iter().zip(hashes) {
+            verifier.push(event, hash);
+        }
+        checked += page.len() as u64;
+        progress(checked);
+        if verifier.failed() {
+            break;
+        }
+    }
+    reader.abort();
+    Ok(verifier.report())
+}
+
+/// Recomputes every event's hash from its own fields and stored `prev_hash`, using all
+/// cores (each hash is independent; links are checked separately).
+pub fn recompute_hashes(events: &[RecordedEvent]) -> Vec<Hash> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if threads < 2 || events.len() < 256 {
+        return events.iter().map(RecordedEvent::computed_hash).collect();
+    }
+    let chunk = events.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = events
+            .chunks(chunk)
+            .map(|c| {
+                s.spawn(move || {
+                    c.iter()
+                        .map(RecordedEvent::computed_hash)
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_default())
+            .collect()
+    })
+}

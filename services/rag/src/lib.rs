@@ -1,0 +1,1 @@
+//! Versioned regulatory corpus and retrieval. Built by the control-plane issue.

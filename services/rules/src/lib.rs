@@ -1,0 +1,1 @@
+//! Compliance rule engine (CEL). Built by the control-plane issue.
