@@ -14,6 +14,8 @@ pub mod hashing;
 pub mod merkle;
 mod store;
 pub mod subscription;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod verify;
 mod writer;
 

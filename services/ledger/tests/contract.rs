@@ -1,0 +1,856 @@
+//! The EventStore contract, run against both backends: SQLite (a real file) and
+//! PostgreSQL (a fresh database on the server `scripts/test.sh` provides).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use aether_ledger::checkpoint::{CHECKPOINT_STREAM, CheckpointSigner};
+use aether_ledger::testing::TestDatabase;
+use aether_ledger::{
+    AppendToStream, CheckpointPolicy, Direction, EventStore, ExpectedVersion, LedgerError,
+    NewEvent, Problem, StoreConfig, run_checkpointer, verify_store,
+};
+use serde_json::json;
+
+/// A store on one backend, and what is needed to clean it up and poke at it with raw SQL.
+struct Harness {
+    store: EventStore,
+    pg: Option<TestDatabase>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Harness {
+    async fn sqlite(config: StoreConfig) -> Harness {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("ledger.db").display());
+        let store = EventStore::connect(&url, config).await.unwrap();
+        Harness {
+            store,
+            pg: None,
+            _dir: Some(dir),
+        }
+    }
+
+    async fn postgres(config: StoreConfig) -> Harness {
+        let db = TestDatabase::create().await;
+        let store = EventStore::connect(&db.url, config).await.unwrap();
+        Harness {
+            store,
+            pg: Some(db),
+            _dir: None,
+        }
+    }
+
+    /// Runs raw SQL as the database owner (superuser on the test server).
+    async fn raw(&self, sql: &str) -> Result<u64, sqlx::Error> {
+        let sql = sqlx::AssertSqlSafe(sql.to_owned());
+        if let Some(pool) = self.store.postgres_pool() {
+            Ok(sqlx::raw_sql(sql).execute(pool).await?.rows_affected())
+        } else {
+            let pool = self.store.sqlite_pool().unwrap();
+            Ok(sqlx::raw_sql(sql).execute(pool).await?.rows_affected())
+        }
+    }
+
+    async fn finish(self) {
+        self.store.shutdown().await;
+        if let Some(pool) = self.store.postgres_pool() {
+            pool.close().await;
+        }
+        if let Some(db) = self.pg {
+            db.drop_database().await;
+        }
+    }
+}
+
+fn ev(kind: &str, n: u64) -> NewEvent {
+    NewEvent::new(kind, json!({"n": n, "note": "contract"}))
+        .with_metadata(json!({"actor": "test", "trace_id": format!("t{n}")}))
+}
+
+async fn head_seq(store: &EventStore) -> u64 {
+    store.head().await.unwrap().map_or(0, |(s, _)| s)
+}
+
+macro_rules! contract {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Harness::sqlite).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Harness::postgres).await;
+                }
+            )*
+        }
+    };
+}
+
+contract!(
+    appended_events_read_back_chained,
+    expected_versions_are_enforced_and_name_the_actual_version,
+    multi_stream_append_is_atomic,
+    reads_by_time_range,
+    subscription_catches_up_turns_live_and_resumes,
+    bad_input_is_refused_precisely_and_writes_nothing,
+    concurrent_appenders_leave_a_gapless_verifiable_ledger,
+    concurrent_appends_are_group_committed,
+    the_database_refuses_updates_and_deletes,
+    tampering_is_found_at_the_altered_seq,
+    checkpoints_are_signed_and_verified,
+    shutdown_commits_queued_appends_then_refuses,
+);
+
+async fn appended_events_read_back_chained<F, Fut>(open: F)
+where
+    F: Fn(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = Harness>,
+{
+    let h = open(StoreConfig::default()).await;
+    let s = &h.store;
+    let committed = s
+        .append(
+            "engine/sgp-region",
+            ExpectedVersion::NoStream,
+            vec![ev("EngineActivationRequested", 1), ev("EngineActivated", 2)],
+        )
+        .await
+        .unwrap();
+    assert_eq!(committed.len(), 2);
+    assert_eq!((committed[0].seq, committed[0].stream_version), (1, 1));
+    assert_eq!((committed[1].seq, committed[1].stream_version), (2, 2));
+    s.append(
+        "engine/eu-region",
+        ExpectedVersion::Any,
+        vec![ev("EngineActivated", 3)],
+    )
+    .await
+    .unwrap();
+    s.append(
+        "engine/sgp-region",
+        ExpectedVersion::Exact(2),
+        vec![ev("EngineDeactivated", 4)],
+    )
+    .await
+    .unwrap();
+
+    let all = s.read_all(1, 100).await.unwrap();
+    assert_eq!(
+        all.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        vec![1, 2, 3, 4]
+    );
+    for (i, e) in all.iter().enumerate() {
+        assert_eq!(e.computed_hash(), e.hash, "seq {} hash", e.seq);
+        if i > 0 {
+            assert_eq!(e.prev_hash, all[i - 1].hash, "seq {} link", e.seq);
+        }
+    }
+    assert_eq!(all[0].prev_hash, [0u8; 32]);
+    assert_eq!(all[0].event_id, committed[0].event_id);
+    assert_eq!(all[0].hash, committed[0].hash);
+    assert_eq!(
+        all[0].payload_value().unwrap(),
+        json!({"n": 1, "note": "contract"})
+    );
+    assert_eq!(all[0].metadata_value().unwrap()["trace_id"], "t1");
+    assert_eq!(all[0].recorded_at, committed[0].recorded_at);
+
+    let forward = s
+        .read_stream("engine/sgp-region", 1, Direction::Forward, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        forward.iter().map(|e| e.stream_version).collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+    let backward = s
+        .read_stream("engine/sgp-region", u64::MAX, Direction::Backward, 2)
+        .await
+        .unwrap();
+    assert_eq!(
+        backward
+            .iter()
+            .map(|e| e.stream_version)
+            .collect::<Vec<_>>(),
+        vec![3, 2]
+    );
+    assert_eq!(s.stream_version("engine/sgp-region").await.unwrap(), 3);
+    assert_eq!(s.stream_version("engine/none").await.unwrap(), 0);
+    assert_eq!(s.read_all(3, 1).await.unwrap()[0].seq, 3);
+    assert_eq!(s.head().await.unwrap().unwrap(), (4, all[3].hash));
+    h.finish().await;
+}
+
+async fn expected_versions_are_enforced_and_name_the_actual_version<F, Fut>(open: F)
+where
+    F: Fn(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = Harness>,
+{
+    let h = open(StoreConfig::default()).await;
+    let s = &h.store;
+    let err = s
+        .append(
+            "policy/aml_v2",
+            ExpectedVersion::StreamExists,
+            vec![ev("PolicyIngested", 1)],
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, LedgerError::WrongExpectedVersion { actual: 0, .. }),
+        "{err}"
+    );
+    s.append(
+        "policy/aml_v2",
+        ExpectedVersion::NoStream,
+        vec![ev("PolicyIngested", 1)],
+    )
+    .await
+    .unwrap();
+    let err = s
+        .append(
+            "policy/aml_v2",
+            ExpectedVersion::NoStream,
+            vec![ev("PolicyIngested", 2)],
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, LedgerError::WrongExpectedVersion { actual: 1, .. }),
+        "{err}"
+    );
+    let err = s
+        .append(
+            "policy/aml_v2",
+            ExpectedVersion::Exact(5),
+            vec![ev("PolicyIngested", 2)],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "wrong expected version for stream \"policy/aml_v2\": expected 5, actual 1"
+    );
+    assert!(err.is_conflict());
+    s.append(
+        "policy/aml_v2",
+        ExpectedVersion::Exact(1),
+        vec![ev("PolicyIngested", 2)],
+    )
+    .await
+    .unwrap();
+    s.append(
+        "policy/aml_v2",
+        ExpectedVersion::StreamExists,
+        vec![ev("PolicyIngested", 3)],
+    )
+    .await
+    .unwrap();
+    assert_eq!(s.stream_version("policy/aml_v2").await.unwrap(), 3);
+    assert_eq!(head_seq(s).await, 3, "failed appends wrote nothing");
+    h.finish().await;
+}
+
+async fn multi_stream_append_is_atomic<F, Fut>(open: F)
+where
+    F: Fn(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = Harness>,
+{
+    let h = open(StoreConfig::default()).await;
+    let s = &h.store;
+    s.append(
+        "rollout/r1",
+        ExpectedVersion::NoStream,
+        vec![ev("RolloutStarted", 1)],
+    )
+    .await
+    .unwrap();
+    // The second stream's expectation fails, so neither stream changes.
+    let err = s
+        .append_multi(vec![
+            AppendToStream {
+                stream_id: "snapshot".into(),
+                expected: ExpectedVersion::Any,
+                events: vec![ev("SnapshotCommitted", 2)],
+            },
+            AppendToStream {
+                stream_id: "rollout/r1".into(),
+                expected: ExpectedVersion::Exact(7),
+                events: vec![ev("RolledBack", 3)],
+            },
+        ])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, LedgerError::WrongExpectedVersion { actual: 1, .. }),
+        "{err}"
+    );
+    assert_eq!(s.stream_version("snapshot").await.unwrap(), 0);
+    assert_eq!(head_seq(s).await, 1);
+
+    let committed = s
+        .append_multi(vec![
+            AppendToStream {
+                stream_id: "snapshot".into(),
+                expected: ExpectedVersion::NoStream,
+                events: vec![ev("SnapshotCommitted", 2)],
+            },
+            AppendToStream {
+                stream_id: "rollout/r1".into(),
+                expected: ExpectedVersion::Exact(1),
+                events: vec![ev("RolledBack", 3), ev("RolloutPaused", 4)],
+            },
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        committed.iter().map(|c| c.seq).collect::<Vec<_>>(),
+        vec![2, 3, 4]
+    );
+    assert_eq!(s.stream_version("rollout/r1").await.unwrap(), 3);
+    assert_eq!(s.stream_version("snapshot").await.unwrap(), 1);
+    h.finish().await;
+}
+
+async fn reads_by_time_range<F, Fut>(open: F)
+where
+    F: Fn(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = Harness>,
+{
+    let h = open(StoreConfig::default()).await;
+    let s = &h.store;
+    let first = s
+        .append("a", ExpectedVersion::Any, vec![ev("A", 1)])
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let middle = s
+        .append("a", ExpectedVersion::Any, vec![ev("A", 2), ev("A", 3)])
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let last = s
+        .append("a", ExpectedVersion::Any, vec![ev("A", 4)])
+        .await
+        .unwrap();
+
+    let from = middle[0].recorded_at;
+    let to = last[0].recorded_at;
+    assert!(first[0].recorded_at < from && from < to);
+    let got = s.read_time_range(from, to, 0, 100).await.unwrap();
+    assert_eq!(got.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![2, 3]);
+    // Paging inside a range continues after the last seq seen.
+    let page = s.read_time_range(from, to, 2, 100).await.unwrap();
+    assert_eq!(page.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![3]);
+    let all = s
+        .read_time_range(
+            first[0].recorded_at,
+            to + chrono::Duration::seconds(1),
+            0,
+            100,
+        )
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 4);
+    h.finish().await;
+}
+
+async fn subscription_catches_up_turns_live_and_resumes<F, Fut>(open: F)
+where
+    F: Fn(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = Harness>,
+{
+    let h = open(StoreConfig::default()).await;
+    let s = h.store.clone();
+    for n in 1..=3 {
+        s.append("s", ExpectedVersion::Any, vec![ev("E", n)])
+            .await
+            .unwrap();
+    }
+    let mut sub = s.subscribe_named("relay").await.unwrap();
+    for want in 1..=3 {
+        assert_eq!(sub.next().await.unwrap().seq, want);
+    }
+    // Live: an event appended after catch-up arrives promptly.
+    let writer = s.clone();
+    let appender = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        writer
+            .append("s", ExpectedVersion::Any, vec![ev("E", 4)])
+            .await
+            .unwrap()
+    });
+    let live = tokio::time::timeout(Duration::from_secs(5), sub.next())
+        .await
+        .expect("live event within 5 s")
+        .unwrap();
+    assert_eq!(live.seq, 4);
+    assert_eq!(appender.await.unwrap()[0].event_id, live.event_id);
+    sub.save_position(2).await.unwrap();
+    drop(sub);
+
+    // A new subscriber under the same name resumes after the stored position.
+    let mut resumed = s.subscribe_named("relay").await.unwrap();
+    assert_eq!(resumed.next().await.unwrap().seq, 3);
+    assert_eq!(s.load_position("relay").await.unwrap(), Some(2));
+    assert_eq!(s.load_position("nobody").await.unwrap(), None);
+    let mut from_start = s.subscribe(1);
+    let batch = from_start.next_batch(10).await.unwrap();
+    assert_eq!(
+        batch.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        vec![1, 2, 3, 4]
+    );
+    h.finish().await;
+}
+
+async fn bad_input_is_refused_precisely_and_writes_nothing<F, Fut>(open: F)
+where
+    F: Fn(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = Harness>,
+{
+    let h = open(StoreConfig::default()).await;
+    let s = &h.store;
+    let good = || vec![ev("E", 1)];
+    let cases: Vec<(&str, Result<_, LedgerError>)> = vec![
+        (
+            "empty stream",
+            s.append("", ExpectedVersion::Any, good()).await,
+        ),
+        (
+            "long stream",
+            s.append(&"x".repeat(257), ExpectedVersion::Any, good())
+                .await,
+        ),
+        (
+            "control char",
+            s.append("engine/\u{7}bell", ExpectedVersion::Any, good())
+                .await,
+        ),
+        (
+            "newline",
+            s.append("engine/a\nb", ExpectedVersion::Any, good()).await,
+        ),
+        (
+            "padded",
+            s.append(" engine/a", ExpectedVersion::Any, good()).await,
+        ),
+        (
+            "no events",
+            s.append("engine/a", ExpectedVersion::Any, vec![]).await,
+        ),
+        (
+            "bad type",
+            s.append(
+                "engine/a",
+                ExpectedVersion::Any,
+                vec![NewEvent::new("has space", json!({}))],
+            )
+            .await,
+        ),
+        (
+            "array payload",
+            s.append(
+                "engine/a",
+                ExpectedVersion::Any,
+                vec![NewEvent::new("E", json!([1, 2]))],
+            )
+            .await,
+        ),
+        (
+            "string payload",
+            s.append(
+                "engine/a",
+                ExpectedVersion::Any,
+                vec![NewEvent::new("E", json!("x"))],
+            )
+            .await,
+        ),
+        (
+            "null metadata",
+            s.append(
+                "engine/a",
+                ExpectedVersion::Any,
+                vec![NewEvent::new("E", json!({})).with_metadata(json!(null))],
+            )
+            .await,
+        ),
+        (
+            "huge payload",
+            s.append(
+                "engine/a",
+                ExpectedVersion::Any,
+                vec![NewEvent::new("E", json!({"blob": "x".repeat(1024 * 1024)}))],
+            )
+            .await,
+        ),
+        (
+            "inexact number",
+            s.append(
+                "engine/a",
+                ExpectedVersion::Any,
+                vec![NewEvent::new(
+                    "E",
+                    json!({"amount": {"minor": 9007199254740993u64}}),
+                )],
+            )
+            .await,
+        ),
+    ];
+    let messages: HashMap<&str, String> = cases
+        .into_iter()
+        .map(|(name, r)| {
+            let e = r.expect_err(name);
+            assert!(e.is_input_error(), "{name}: {e}");
+            (name, e.to_string())
+        })
+        .collect();
+    assert_eq!(
+        messages["empty stream"],
+        "invalid stream id \"\": must not be empty"
+    );
+    assert!(messages["long stream"].contains("257 bytes, longer than the limit of 256"));
+    assert!(messages["control char"].contains("control character U+0007 at byte 7"));
+    assert!(messages["newline"].contains("U+000A"));
+    assert!(messages["padded"].contains("whitespace"));
+    assert_eq!(
+        messages["no events"],
+        "an append must carry at least one event"
+    );
+    assert!(messages["bad type"].starts_with("invalid event type \"has space\""));
+    assert_eq!(
+        messages["array payload"],
+        "payload must be a JSON object, got an array"
+    );
+    assert_eq!(
+        messages["string payload"],
+        "payload must be a JSON object, got a string"
+    );
+    assert_eq!(
+        messages["null metadata"],
+        "metadata must be a JSON object, got null"
+    );
+    assert!(
+        messages["huge payload"].contains("over the limit of 1048576 bytes"),
+        "{}",
+        messages["huge payload"]
+    );
+    assert!(messages["inexact number"].contains("9007199254740993 at $.amount.minor"));
+
+    // A stale expected version is refused too, and none of it reached the ledger.
+    s.append("engine/a", ExpectedVersion::Any, good())
+        .await
+        .unwrap();
+    let stale = s
+        .append("engine/a", ExpectedVersion::NoStream, good())
+        .await
+        .unwrap_err();
+    assert!(stale.is_conflict());
+    let id = uuid::Uuid::now_v7();
+    s.append(
+        "engine/b",
+        ExpectedVersion::Any,
+        vec![ev("E", 2).with_event_id(id)],
+    )
+    .await
+    .unwrap();
+    let dup = s
+        .append(
+            "engine/c",
+            ExpectedVersion::Any,
+            vec![ev("E", 3).with_event_id(id)],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        dup.to_string(),
+        format!("event id {id} is already in the ledger")
+    );
+    assert_eq!(head_seq(s).await, 2);
+    assert_eq!(s.stream_version("engine/c").await.unwrap(), 0);
+    h.finish().await;
+}
+
+async fn concurrent_appenders_leave_a_gapless_verifiable_ledger<F, Fut>(open: F)
+where
+    F: Fn(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = Harness>,
+{
+    let h = open(StoreConfig::default()).await;
+    let s = h.store.clone();
+    let acked = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for t in 0..32u64 {
+        let s = s.clone();
+        let acked = acked.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..25u64 {
+                let stream = format!("clearing/member-{}", (t + i) % 6);
+                // Half the appenders use optimistic concurrency with retry.
+                let committed = if t % 2 == 0 {
+                    s.append(
+                        &stream,
+                        ExpectedVersion::Any,
+                        vec![ev("ClearingDecided", i)],
+                    )
+                    .await
+                    .unwrap()
+                } else {
+                    loop {
+                        let v = s.stream_version(&stream).await.unwrap();
+                        match s
+                            .append(
+                                &stream,
+                                ExpectedVersion::Exact(v),
+                                vec![ev("ClearingDecided", i)],
+                            )
+                            .await
+                        {
+                            Ok(c) => break c,
+                            Err(LedgerError::WrongExpectedVersion { .. }) => continue,
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
+                };
+                acked.lock().unwrap().extend(committed);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let acked = acked.lock().unwrap().clone();
+    assert_eq!(acked.len(), 32 * 25);
+    let all = s.read_all(1, 10_000).await.unwrap();
+    assert_eq!(all.len(), acked.len());
+    assert!(
+        all.iter().enumerate().all(|(i, e)| e.seq == i as u64 + 1),
+        "gapless seqs"
+    );
+    let mut versions: HashMap<&str, u64> = HashMap::new();
+    for e in &all {
+        let v = versions.entry(e.stream_id.as_str()).or_insert(0);
+        *v += 1;
+        assert_eq!(e.stream_version, *v, "gapless versions in {}", e.stream_id);
+    }
+    let stored: HashMap<uuid::Uuid, (u64, [u8; 32])> =
+        all.iter().map(|e| (e.event_id, (e.seq, e.hash))).collect();
+    for c in &acked {
+        assert_eq!(
+            stored.get(&c.event_id),
+            Some(&(c.seq, c.hash)),
+            "acked append present"
+        );
+    }
+    let report = verify_store(&s, None, |_| {}).await.unwrap();
+    assert!(report.is_ok(), "{:?}", report.failure);
+    assert_eq!(report.events_checked, 800);
+    h.finish().await;
+}
+
+async fn concurrent_appends_are_group_committed<F, Fut>(open: F)
+where
+    F: Fn(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = Harness>,
+{
+    // With a generous wait, 100 concurrent appends share one transaction, which shows as
+    // one recorded_at; with batches capped at 10 events they need at least 10.
+    for (max_batch, most_times, least_times) in [(500, 1, 1), (10, 100, 10)] {
+        let config = StoreConfig {
+            max_batch,
+            max_wait: Duration::from_millis(300),
+            ..StoreConfig::default()
+        };
+        let h = open(config).await;
+        let barrier = Arc::new(tokio::sync::Barrier::new(100));
+        let tasks: Vec<_> = (0..100u64)
+            .map(|i| {
+                let s = h.store.clone();
+                let barrier = barrier.clone();
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    s.append("g", ExpectedVersion::Any, vec![ev("E", i)])
+                        .await
+                        .unwrap()
+                })
+            })
+            .collect();
+        let mut times = HashSet::new();
+        for t in tasks {
+            times.insert(t.await.unwrap()[0].recorded_at);
+        }
+        assert!(
+            (least_times..=most_times).contains(&times.len()),
+            "max_batch {max_batch}: {} distinct commit times",
+            times.len()
+        );
+        let report = verify_store(&h.store, None, |_| {}).await.unwrap();
+        assert!(report.is_ok() && report.events_checked == 100, "{report:?}");
+        h.finish().await;
+    }
+}
+
+async fn the_database_refuses_updates_and_deletes<F, Fut>(open: F)
+where
+    F: Fn(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = Harness>,
+{
+    let h = open(StoreConfig::default()).await;
+    h.store
+        .append("a", ExpectedVersion::Any, vec![ev("E", 1), ev("E", 2)])
+        .await
+        .unwrap();
+    for sql in [
+        "UPDATE events SET payload = '{\"n\":99}' WHERE seq = 1",
+        "DELETE FROM events WHERE seq = 2",
+        "DELETE FROM events",
+    ] {
+        let err = h.raw(sql).await.expect_err(sql).to_string();
+        assert!(err.contains("append-only"), "{sql}: {err}");
+    }
+    if h.store.postgres_pool().is_some() {
+        let err = h.raw("TRUNCATE events").await.unwrap_err().to_string();
+        assert!(err.contains("append-only"), "{err}");
+    }
+    let all = h.store.read_all(1, 10).await.unwrap();
+    assert_eq!(all.len(), 2);
+    assert_eq!(all[0].payload_value().unwrap()["n"], 1);
+    assert!(verify_store(&h.store, None, |_| {}).await.unwrap().is_ok());
+    h.finish().await;
+}
+
+async fn tampering_is_found_at_the_altered_seq<F, Fut>(open: F)
+where
+    F: Fn(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = Harness>,
+{
+    let h = open(StoreConfig::default()).await;
+    for n in 1..=10 {
+        h.store
+            .append("a", ExpectedVersion::Any, vec![ev("E", n)])
+            .await
+            .unwrap();
+    }
+    assert!(verify_store(&h.store, None, |_| {}).await.unwrap().is_ok());
+    // As a superuser would: switch the guard off, edit one payload, switch it back on.
+    let tamper = if h.store.postgres_pool().is_some() {
+        "ALTER TABLE events DISABLE TRIGGER events_no_update_delete;
+         UPDATE events SET payload = '{\"n\":700,\"note\":\"contract\"}' WHERE seq = 7;
+         ALTER TABLE events ENABLE TRIGGER events_no_update_delete;"
+    } else {
+        "DROP TRIGGER events_no_update;
+         UPDATE events SET payload = '{\"n\":700,\"note\":\"contract\"}' WHERE seq = 7;"
+    };
+    h.raw(tamper).await.unwrap();
+    let report = verify_store(&h.store, None, |_| {}).await.unwrap();
+    let failure = report.failure.expect("tampering detected");
+    assert_eq!(failure.seq, 7);
+    assert!(
+        matches!(failure.problem, Problem::HashMismatch { .. }),
+        "{:?}",
+        failure.problem
+    );
+    assert_eq!(report.events_checked, 6);
+    h.finish().await;
+}
+
+async fn checkpoints_are_signed_and_verified<F, Fut>(open: F)
+where
+    F: Fn(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = Harness>,
+{
+    let h = open(StoreConfig::default()).await;
+    let signer = CheckpointSigner::generate().unwrap();
+    let trusted = signer.verifier();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let policy = CheckpointPolicy {
+        every_events: 20,
+        every: Duration::from_secs(3600),
+    };
+    let task = tokio::spawn(run_checkpointer(h.store.clone(), signer, policy, stop_rx));
+    for n in 0..50 {
+        h.store
+            .append("a", ExpectedVersion::Any, vec![ev("E", n)])
+            .await
+            .unwrap();
+    }
+    // Wait for the two count-triggered checkpoints, then stop (which signs a final one).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while h.store.stream_version(CHECKPOINT_STREAM).await.unwrap() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "checkpoints not written"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop_tx.send(true).unwrap();
+    task.await.unwrap().unwrap();
+    let checkpoints = h.store.stream_version(CHECKPOINT_STREAM).await.unwrap();
+    assert!(checkpoints >= 3, "{checkpoints} checkpoints");
+
+    let report = verify_store(&h.store, Some(trusted), |_| {}).await.unwrap();
+    assert!(report.is_ok(), "{:?}", report.failure);
+    assert_eq!(report.checkpoints_checked, checkpoints);
+    let latest = report.latest_checkpoint.unwrap();
+    assert!(latest.tree_size >= 50);
+
+    // Checked against another key, the first checkpoint is named as the failure.
+    let stranger = CheckpointSigner::generate().unwrap().verifier();
+    let report = verify_store(&h.store, Some(stranger), |_| {})
+        .await
+        .unwrap();
+    let failure = report.failure.unwrap();
+    let first_cp = h
+        .store
+        .read_stream(CHECKPOINT_STREAM, 1, Direction::Forward, 1)
+        .await
+        .unwrap()[0]
+        .seq;
+    assert_eq!(failure.seq, first_cp);
+    assert!(
+        matches!(failure.problem, Problem::BadCheckpoint { .. }),
+        "{:?}",
+        failure.problem
+    );
+    h.finish().await;
+}
+
+async fn shutdown_commits_queued_appends_then_refuses<F, Fut>(open: F)
+where
+    F: Fn(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = Harness>,
+{
+    let h = open(StoreConfig::default()).await;
+    let tasks: Vec<_> = (0..50u64)
+        .map(|i| {
+            let s = h.store.clone();
+            tokio::spawn(async move { s.append("q", ExpectedVersion::Any, vec![ev("E", i)]).await })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    h.store.shutdown().await;
+    let mut ok = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(_) => ok += 1,
+            Err(LedgerError::WriterClosed) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let err = h
+        .store
+        .append("q", ExpectedVersion::Any, vec![ev("E", 99)])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LedgerError::WriterClosed));
+    // Everything acknowledged is there, nothing else.
+    assert_eq!(head_seq(&h.store).await, ok);
+    h.finish().await;
+}
