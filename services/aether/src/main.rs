@@ -1,1 +1,198 @@
-fn main() {}
+//! `aether`: the command line and composition root of the Aether compliance ledger.
+
+mod auth;
+mod bench;
+mod http;
+mod serve;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use aether_ledger::checkpoint::{CheckpointVerifier, PUBLIC_KEY_FILE};
+use aether_ledger::{EventStore, StoreConfig, redact_url, verify_store};
+use anyhow::{Context, bail};
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "aether",
+    version,
+    about = "Event-sourced compliance and lineage ledger"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the service: ledger, checkpointer and HTTP API.
+    Serve(serve::ServeArgs),
+    /// Verify the whole ledger: hash chain, stream versions and signed checkpoints.
+    Verify(VerifyArgs),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+}
+
+/// Where the ledger lives; shared by the commands that open it.
+#[derive(Args, Clone, Debug)]
+pub struct LedgerArgs {
+    /// Data directory: SQLite ledger, keys, tokens.
+    #[arg(long, env = "AETHER_DATA_DIR", default_value = "./aether-data")]
+    pub data_dir: PathBuf,
+    /// `postgres://…` to use PostgreSQL; default: SQLite in the data directory.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+}
+
+impl LedgerArgs {
+    /// The ledger's database URL.
+    pub fn url(&self) -> String {
+        match &self.database_url {
+            Some(url) if !url.is_empty() => url.clone(),
+            _ => format!("sqlite:{}", self.sqlite_path().display()),
+        }
+    }
+
+    pub fn sqlite_path(&self) -> PathBuf {
+        self.data_dir.join("ledger.db")
+    }
+
+    pub fn uses_sqlite(&self) -> bool {
+        self.url().starts_with("sqlite:")
+    }
+
+    /// A human description of where the ledger is, without secrets.
+    pub fn describe(&self) -> String {
+        if self.uses_sqlite() {
+            format!("SQLite {}", self.sqlite_path().display())
+        } else {
+            format!("PostgreSQL {}", redact_url(&self.url()))
+        }
+    }
+}
+
+#[derive(Args)]
+struct VerifyArgs {
+    #[command(flatten)]
+    ledger: LedgerArgs,
+    /// Trusted checkpoint public key (PEM). Default: `<data>/keys/checkpoint-sm2.pub.pem`.
+    #[arg(long, env = "AETHER_CHECKPOINT_PUBLIC_KEY")]
+    public_key: Option<PathBuf>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Serve(args) => serve::run(args).await.map(|_| ExitCode::SUCCESS),
+            Command::Verify(args) => verify(args).await,
+            Command::Bench(cmd) => bench::run(cmd).await.map(|_| ExitCode::SUCCESS),
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Sets up logging: text to stderr, JSON when `AETHER_LOG_FORMAT=json`.
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("AETHER_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if std::env::var("AETHER_LOG_FORMAT").is_ok_and(|f| f == "json") {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
+    if args.ledger.uses_sqlite() && !args.ledger.sqlite_path().exists() {
+        bail!(
+            "no ledger at {} (set --data-dir or DATABASE_URL)",
+            args.ledger.sqlite_path().display()
+        );
+    }
+    let default_key = args.ledger.data_dir.join("keys").join(PUBLIC_KEY_FILE);
+    let key_path = args
+        .public_key
+        .clone()
+        .or(default_key.exists().then_some(default_key));
+    let trusted = match &key_path {
+        Some(path) => Some(CheckpointVerifier::from_pem_file(path)?),
+        None => {
+            eprintln!(
+                "warning: no trusted checkpoint key given; checkpoints are checked against the key they name"
+            );
+            None
+        }
+    };
+    let store = EventStore::connect(&args.ledger.url(), StoreConfig::default())
+        .await
+        .with_context(|| format!("cannot open the ledger at {}", args.ledger.describe()))?;
+    let total = store.head().await?.map_or(0, |(seq, _)| seq);
+    let bar = if args.json {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new(total)
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "verifying {bar:40} {pos}/{len} events ({per_sec}, eta {eta})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let started = std::time::Instant::now();
+    let report = verify_store(&store, trusted, |n| bar.set_position(n)).await?;
+    bar.finish_and_clear();
+    store.shutdown().await;
+    let elapsed = started.elapsed();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        match &report.failure {
+            None => println!(
+                "OK: {} events, {} signed checkpoints verified in {:.2} s; head {}{}",
+                report.events_checked,
+                report.checkpoints_checked,
+                elapsed.as_secs_f64(),
+                report.head_hash.as_deref().unwrap_or("(empty ledger)"),
+                report
+                    .latest_checkpoint
+                    .as_ref()
+                    .map(|c| format!("; latest checkpoint covers {} events", c.tree_size))
+                    .unwrap_or_default()
+            ),
+            Some(f) => println!(
+                "FAILED at seq {}: {} ({} events before it verified)",
+                f.seq, f.problem, report.events_checked
+            ),
+        }
+    }
+    Ok(if report.is_ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(2)
+    })
+}

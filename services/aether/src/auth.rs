@@ -1,0 +1,187 @@
+//! Bearer tokens with roles. Tokens come from `AETHER_TOKENS` (`role:token,…`), a file named
+//! by `AETHER_TOKENS_FILE`, or `<data>/tokens`, created on first start with mode 0600.
+//! Only SM3 digests of tokens are kept in memory, and tokens are never logged.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use rand::RngExt;
+
+/// What a caller may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Changes the engine; appends.
+    Operator,
+    /// Reads everything, changes nothing.
+    Regulator,
+    /// Reports from clearing workers.
+    Worker,
+}
+
+impl Role {
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Operator => "operator",
+            Role::Regulator => "regulator",
+            Role::Worker => "worker",
+        }
+    }
+}
+
+impl std::str::FromStr for Role {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> anyhow::Result<Role> {
+        match s {
+            "operator" => Ok(Role::Operator),
+            "regulator" => Ok(Role::Regulator),
+            "worker" => Ok(Role::Worker),
+            other => bail!("unknown role {other:?}: expected operator, regulator or worker"),
+        }
+    }
+}
+
+/// Where the tokens came from, for the start-up message.
+#[derive(Debug)]
+pub enum TokenSource {
+    Environment,
+    File(PathBuf),
+    Created(PathBuf),
+}
+
+#[derive(Clone, Default)]
+pub struct Tokens {
+    by_digest: HashMap<[u8; 32], Role>,
+}
+
+impl std::fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tokens({} configured)", self.by_digest.len())
+    }
+}
+
+fn digest(token: &str) -> [u8; 32] {
+    aether_ledger::hashing::sm3(token.as_bytes())
+}
+
+impl Tokens {
+    /// Parses `role:token` pairs separated by commas or newlines; `#` starts a comment line.
+    pub fn parse(spec: &str) -> anyhow::Result<Tokens> {
+        let mut by_digest = HashMap::new();
+        for (i, item) in spec
+            .split([',', '\n'])
+            .map(str::trim)
+            .filter(|s| !s.is_empty() && !s.starts_with('#'))
+            .enumerate()
+        {
+            let (role, token) = item
+                .split_once(':')
+                .with_context(|| format!("token entry {} is not role:token", i + 1))?;
+            let role: Role = role.trim().parse()?;
+            let token = token.trim();
+            if token.len() < 16 {
+                bail!(
+                    "token entry {} ({role:?}) is shorter than 16 characters",
+                    i + 1
+                );
+            }
+            by_digest.insert(digest(token), role);
+        }
+        if by_digest.is_empty() {
+            bail!("no tokens configured");
+        }
+        Ok(Tokens { by_digest })
+    }
+
+    /// Tokens from the environment, a named file, or `<data_dir>/tokens` (created if absent).
+    pub fn load(data_dir: &Path) -> anyhow::Result<(Tokens, TokenSource)> {
+        if let Ok(spec) = std::env::var("AETHER_TOKENS")
+            && !spec.trim().is_empty()
+        {
+            return Ok((
+                Tokens::parse(&spec).context("AETHER_TOKENS")?,
+                TokenSource::Environment,
+            ));
+        }
+        let (path, named) = match std::env::var_os("AETHER_TOKENS_FILE") {
+            Some(p) => (PathBuf::from(p), true),
+            None => (data_dir.join("tokens"), false),
+        };
+        if path.exists() || named {
+            let spec = std::fs::read_to_string(&path)
+                .with_context(|| format!("cannot read tokens file {}", path.display()))?;
+            let tokens = Tokens::parse(&spec).with_context(|| path.display().to_string())?;
+            return Ok((tokens, TokenSource::File(path)));
+        }
+        let mut spec = String::from("# Aether API tokens: role:token. Keep this file private.\n");
+        for role in ["operator", "regulator", "worker"] {
+            spec.push_str(&format!("{role}:{}\n", random_token()));
+        }
+        write_private(&path, &spec)?;
+        Ok((Tokens::parse(&spec)?, TokenSource::Created(path)))
+    }
+
+    /// The role a presented token grants, if any.
+    pub fn role_of(&self, token: &str) -> Option<Role> {
+        self.by_digest.get(&digest(token)).copied()
+    }
+}
+
+fn random_token() -> String {
+    let bytes: [u8; 24] = rand::rng().random();
+    hex::encode(bytes)
+}
+
+fn write_private(path: &Path, contents: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    let mut f = options
+        .open(path)
+        .with_context(|| format!("cannot create tokens file {}", path.display()))?;
+    f.write_all(contents.as_bytes())?;
+    f.sync_all()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_roles_and_rejects_bad_entries() {
+        let t = Tokens::parse("operator:aaaaaaaaaaaaaaaa, regulator:bbbbbbbbbbbbbbbb").unwrap();
+        assert_eq!(t.role_of("aaaaaaaaaaaaaaaa"), Some(Role::Operator));
+        assert_eq!(t.role_of("bbbbbbbbbbbbbbbb"), Some(Role::Regulator));
+        assert_eq!(t.role_of("cccccccccccccccc"), None);
+        assert!(Tokens::parse("admin:aaaaaaaaaaaaaaaa").is_err());
+        assert!(Tokens::parse("operator:short").is_err());
+        assert!(Tokens::parse("operator").is_err());
+        assert!(Tokens::parse("").is_err());
+    }
+
+    #[test]
+    fn a_created_tokens_file_is_private_and_reloads() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, source) = Tokens::load(dir.path()).unwrap();
+        assert!(matches!(source, TokenSource::Created(_)));
+        let (b, source) = Tokens::load(dir.path()).unwrap();
+        assert!(matches!(source, TokenSource::File(_)));
+        assert_eq!(a.by_digest, b.by_digest);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(dir.path().join("tokens"))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+    }
+}

@@ -1,0 +1,469 @@
+//! `aether bench ledger`: append throughput and latency at several concurrencies, an
+//! open-loop latency run at a fixed offered rate, and verification time, each against a
+//! baseline measured in the same run on the same database server.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use aether_ledger::checkpoint::CheckpointSigner;
+use aether_ledger::{
+    CheckpointPolicy, EventStore, ExpectedVersion, NewEvent, StoreConfig, redact_url,
+    run_checkpointer, verify_store,
+};
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+use sqlx::Connection;
+use sqlx::postgres::PgConnection;
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Ledger append throughput / latency and verify speed, with a raw-INSERT baseline.
+    Ledger(LedgerBench),
+}
+
+#[derive(Args)]
+pub struct LedgerBench {
+    /// Server to benchmark on: `postgres://…` (needs CREATE DATABASE) or `sqlite:` (temp files).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: String,
+    /// Concurrent appenders per run.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,256")]
+    concurrency: Vec<usize>,
+    /// Seconds each throughput run lasts.
+    #[arg(long, default_value_t = 5)]
+    secs: u64,
+    /// Approximate canonical payload size per event, bytes.
+    #[arg(long, default_value_t = 500)]
+    payload_bytes: usize,
+    /// Offered load for the open-loop latency run, events per second (0 skips it).
+    #[arg(long, default_value_t = 5000)]
+    rate: u64,
+    /// Events in the verify run (0 skips it).
+    #[arg(long, default_value_t = 1_000_000)]
+    verify_events: u64,
+    /// Group-commit wait, microseconds.
+    #[arg(long, default_value_t = 1000)]
+    max_wait_us: u64,
+}
+
+pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
+    match cmd {
+        BenchCommand::Ledger(b) => ledger(b).await,
+    }
+}
+
+/// A scratch ledger: a fresh database on the server, or a temp SQLite file.
+struct Scratch {
+    url: String,
+    cleanup: Option<(String, String)>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Scratch {
+    async fn new(base: &str) -> anyhow::Result<Scratch> {
+        if base.starts_with("sqlite:") {
+            let dir = tempfile::tempdir()?;
+            let url = format!("sqlite:{}", dir.path().join("bench.db").display());
+            return Ok(Scratch {
+                url,
+                cleanup: None,
+                _dir: Some(dir),
+            });
+        }
+        let name = format!("aether_bench_{}", uuid::Uuid::now_v7().simple());
+        let mut conn = PgConnection::connect(base)
+            .await
+            .with_context(|| format!("cannot connect to {}", redact_url(base)))?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut conn)
+            .await
+            .context("CREATE DATABASE (the bench needs a role that may create databases)")?;
+        conn.close().await?;
+        Ok(Scratch {
+            url: aether_ledger_url_with_db(base, &name),
+            cleanup: Some((base.to_owned(), name)),
+            _dir: None,
+        })
+    }
+
+    async fn drop(self) {
+        if let Some((base, name)) = self.cleanup
+            && let Ok(mut conn) = PgConnection::connect(&base).await
+        {
+            let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+            )))
+            .execute(&mut conn)
+            .await;
+        }
+    }
+}
+
+fn aether_ledger_url_with_db(url: &str, name: &str) -> String {
+    let (base, query) = url
+        .split_once('?')
+        .map_or((url, None), |(b, q)| (b, Some(q)));
+    let start = base.find("://").map_or(0, |i| i + 3);
+    let path = base[start..].find('/').map_or(base.len(), |i| start + i);
+    let mut out = format!("{}/{name}", &base[..path]);
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    out
+}
+
+fn payload(bytes: usize, n: u64) -> serde_json::Value {
+    // A clearing-decision-like object padded to about `bytes` canonical bytes.
+    let base = serde_json::json!({
+        "request_id": format!("req-{n:012}"),
+        "member": "member-0042",
+        "decision": "cleared",
+        "amount_minor": 125_000_000 + n,
+        "currency": "SGD",
+        "score": 0.1234,
+    });
+    let used = base.to_string().len() + 10;
+    let mut obj = base;
+    obj["pad"] = serde_json::Value::String("x".repeat(bytes.saturating_sub(used)));
+    obj
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+struct RunResult {
+    events: u64,
+    secs: f64,
+    latencies: Vec<Duration>,
+}
+
+impl RunResult {
+    fn rate(&self) -> f64 {
+        self.events as f64 / self.secs
+    }
+}
+
+/// `concurrency` appenders, each appending one event at a time, for `secs`.
+async fn closed_loop(
+    store: &EventStore,
+    concurrency: usize,
+    secs: u64,
+    payload_bytes: usize,
+) -> RunResult {
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|t| {
+            let store = store.clone();
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                let stream = format!("clearing/member-{:04}", t % 64);
+                let mut n = t as u64 * 1_000_000;
+                while !stop.load(Ordering::Relaxed) {
+                    let begun = Instant::now();
+                    let e = NewEvent::new("ClearingDecided", payload(payload_bytes, n));
+                    if store
+                        .append(&stream, ExpectedVersion::Any, vec![e])
+                        .await
+                        .is_ok()
+                    {
+                        latencies.push(begun.elapsed());
+                    }
+                    n += 1;
+                }
+                latencies
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut latencies = Vec::new();
+    for t in tasks {
+        latencies.extend(t.await.unwrap_or_default());
+    }
+    let secs = started.elapsed().as_secs_f64();
+    latencies.sort();
+    RunResult {
+        events: latencies.len() as u64,
+        secs,
+        latencies,
+    }
+}
+
+/// One event every `1/rate` s regardless of completions, for `secs`.
+async fn open_loop(store: &EventStore, rate: u64, secs: u64, payload_bytes: usize) -> RunResult {
+    let started = Instant::now();
+    let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let total = rate * secs;
+    let mut tasks = Vec::with_capacity(total as usize);
+    for n in 0..total {
+        ticker.tick().await;
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let begun = Instant::now();
+            let e = NewEvent::new("ClearingDecided", payload(payload_bytes, n));
+            let stream = format!("clearing/member-{:04}", n % 64);
+            store
+                .append(&stream, ExpectedVersion::Any, vec![e])
+                .await
+                .ok()
+                .map(|_| begun.elapsed())
+        }));
+    }
+    let mut latencies = Vec::new();
+    for t in tasks {
+        if let Ok(Some(l)) = t.await {
+            latencies.push(l);
+        }
+    }
+    latencies.sort();
+    RunResult {
+        events: latencies.len() as u64,
+        secs: started.elapsed().as_secs_f64(),
+        latencies,
+    }
+}
+
+/// Raw batched INSERTs of rows shaped like ledger rows (same columns, constraints and
+/// indexes, same commit durability) but with no chain, no validation and no triggers:
+/// `writers` connections, each inserting 500-row UNNEST batches back to back.
+async fn baseline_postgres(
+    url: &str,
+    writers: usize,
+    secs: u64,
+    payload_bytes: usize,
+) -> anyhow::Result<f64> {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(writers as u32 + 1)
+        .connect(url)
+        .await?;
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS baseline_events (LIKE events INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING INDEXES)",
+    )
+    .execute(&pool)
+    .await?;
+    let text = payload(payload_bytes, 0).to_string();
+    let stop = Arc::new(AtomicBool::new(false));
+    let next_seq = Arc::new(std::sync::atomic::AtomicI64::new(1));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..writers)
+        .map(|w| {
+            let pool = pool.clone();
+            let stop = stop.clone();
+            let next_seq = next_seq.clone();
+            let text = text.clone();
+            tokio::spawn(async move {
+                let mut rows = 0u64;
+                let mut version = (w as i64) * 1_000_000_000;
+                while !stop.load(Ordering::Relaxed) {
+                    let first = next_seq.fetch_add(500, Ordering::Relaxed);
+                    let seqs: Vec<i64> = (first..first + 500).collect();
+                    let versions: Vec<i64> = (0..500).map(|i| version + i + 1).collect();
+                    version += 500;
+                    let streams = vec![format!("baseline/{w}"); 500];
+                    let ids: Vec<uuid::Uuid> = (0..500).map(|_| uuid::Uuid::now_v7()).collect();
+                    let types = vec!["ClearingDecided"; 500];
+                    let schema = vec![1i32; 500];
+                    let payloads = vec![text.as_str(); 500];
+                    let metadata = vec!["{}"; 500];
+                    let now = vec![chrono::Utc::now(); 500];
+                    let hashes: Vec<Vec<u8>> = seqs.iter().map(|s| {
+                        aether_ledger::hashing::sm3(&s.to_be_bytes()).to_vec()
+                    }).collect();
+                    let r = sqlx::query(
+                        "INSERT INTO baseline_events (seq, stream_id, stream_version, event_id, event_type, schema_version, payload, metadata, recorded_at, prev_hash, hash) \
+                         SELECT * FROM UNNEST($1::bigint[], $2::text[], $3::bigint[], $4::uuid[], $5::text[], $6::int[], $7::text[], $8::text[], $9::timestamptz[], $10::bytea[], $11::bytea[])",
+                    )
+                    .bind(&seqs).bind(&streams).bind(&versions).bind(&ids).bind(&types)
+                    .bind(&schema).bind(&payloads).bind(&metadata).bind(&now).bind(&hashes).bind(&hashes)
+                    .execute(&pool)
+                    .await;
+                    if r.is_ok() {
+                        rows += 500;
+                    }
+                }
+                rows
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut rows = 0;
+    for t in tasks {
+        rows += t.await.unwrap_or(0);
+    }
+    let rate = rows as f64 / started.elapsed().as_secs_f64();
+    pool.close().await;
+    Ok(rate)
+}
+
+async fn ledger(b: LedgerBench) -> anyhow::Result<()> {
+    if b.concurrency.is_empty() || b.concurrency.contains(&0) {
+        bail!("--concurrency needs positive numbers, e.g. 1,16,256");
+    }
+    let config = StoreConfig {
+        max_wait: Duration::from_micros(b.max_wait_us),
+        ..StoreConfig::default()
+    };
+    let postgres = !b.database_url.starts_with("sqlite:");
+    println!(
+        "# aether bench ledger on {} ({} s per run, ~{} B payloads, max wait {} µs)\n",
+        redact_url(&b.database_url),
+        b.secs,
+        b.payload_bytes,
+        b.max_wait_us
+    );
+
+    println!("| appenders | events/s | p50 ms | p99 ms | max ms |");
+    println!("|---:|---:|---:|---:|---:|");
+    let mut best = Vec::new();
+    for &c in &b.concurrency {
+        let scratch = Scratch::new(&b.database_url).await?;
+        let store = EventStore::connect(&scratch.url, config.clone()).await?;
+        let r = closed_loop(&store, c, b.secs, b.payload_bytes).await;
+        println!(
+            "| {c} | {:.0} | {:.2} | {:.2} | {:.2} |",
+            r.rate(),
+            ms(percentile(&r.latencies, 0.5)),
+            ms(percentile(&r.latencies, 0.99)),
+            ms(r.latencies.last().copied().unwrap_or_default())
+        );
+        best.push((c, r.rate()));
+        store.shutdown().await;
+        scratch.drop().await;
+    }
+
+    if postgres {
+        let scratch = Scratch::new(&b.database_url).await?;
+        // Creates the events table the baseline copies its shape from.
+        EventStore::connect(&scratch.url, config.clone())
+            .await?
+            .shutdown()
+            .await;
+        let one = baseline_postgres(&scratch.url, 1, b.secs, b.payload_bytes).await?;
+        let four = baseline_postgres(&scratch.url, 4, b.secs, b.payload_bytes).await?;
+        let baseline = one.max(four);
+        println!(
+            "\nbaseline raw batched INSERT (500 rows/txn, no chain): 1 writer {one:.0} rows/s, 4 writers {four:.0} rows/s"
+        );
+        if let Some(&(c, ours)) = best.iter().max_by_key(|(c, _)| *c) {
+            println!(
+                "ratio at {c} appenders: {ours:.0} / {baseline:.0} = {:.2}",
+                ours / baseline
+            );
+        }
+        scratch.drop().await;
+    }
+
+    if b.rate > 0 {
+        let scratch = Scratch::new(&b.database_url).await?;
+        let store = EventStore::connect(&scratch.url, config.clone()).await?;
+        let r = open_loop(&store, b.rate, b.secs, b.payload_bytes).await;
+        println!(
+            "\nopen loop at {} events/s offered: {} appended, achieved {:.0}/s, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+            b.rate,
+            r.events,
+            r.rate(),
+            ms(percentile(&r.latencies, 0.5)),
+            ms(percentile(&r.latencies, 0.99)),
+            ms(r.latencies.last().copied().unwrap_or_default())
+        );
+        store.shutdown().await;
+        scratch.drop().await;
+    }
+
+    if b.verify_events > 0 {
+        let scratch = Scratch::new(&b.database_url).await?;
+        let store = EventStore::connect(
+            &scratch.url,
+            StoreConfig {
+                max_events_per_append: 500,
+                ..config.clone()
+            },
+        )
+        .await?;
+        let signer = CheckpointSigner::generate()?;
+        let trusted = signer.verifier();
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let checkpointer = tokio::spawn(run_checkpointer(
+            store.clone(),
+            signer,
+            CheckpointPolicy::default(),
+            stop_rx,
+        ));
+        let fill_started = Instant::now();
+        let per_task = b.verify_events / 4;
+        let fills: Vec<_> = (0..4u64)
+            .map(|t| {
+                let store = store.clone();
+                let bytes = b.payload_bytes;
+                tokio::spawn(async move {
+                    let mut done = 0;
+                    while done < per_task {
+                        let n = (per_task - done).min(500);
+                        let events = (0..n)
+                            .map(|i| NewEvent::new("ClearingDecided", payload(bytes, done + i)))
+                            .collect();
+                        store
+                            .append(
+                                &format!("clearing/member-{t}"),
+                                ExpectedVersion::Any,
+                                events,
+                            )
+                            .await?;
+                        done += n;
+                    }
+                    anyhow::Ok(())
+                })
+            })
+            .collect();
+        for f in fills {
+            f.await??;
+        }
+        let _ = stop_tx.send(true);
+        checkpointer.await??;
+        let filled = fill_started.elapsed();
+        let started = Instant::now();
+        let report = verify_store(&store, Some(trusted), |_| {}).await?;
+        let took = started.elapsed();
+        if let Some(f) = &report.failure {
+            bail!("verify failed at seq {}: {}", f.seq, f.problem);
+        }
+        // Baseline: reading the same rows without checking anything.
+        let started = Instant::now();
+        let mut next = 1;
+        loop {
+            let page = store.read_all(next, 10_000).await?;
+            match page.last() {
+                Some(last) => next = last.seq + 1,
+                None => break,
+            }
+        }
+        let read_only = started.elapsed();
+        println!(
+            "\nverify: {} events and {} checkpoints in {:.2} s ({:.0} events/s); reading the same rows alone takes {:.2} s (filled in {:.1} s)",
+            report.events_checked,
+            report.checkpoints_checked,
+            took.as_secs_f64(),
+            report.events_checked as f64 / took.as_secs_f64(),
+            read_only.as_secs_f64(),
+            filled.as_secs_f64()
+        );
+        store.shutdown().await;
+        scratch.drop().await;
+    }
+    Ok(())
+}

@@ -1,0 +1,356 @@
+//! The HTTP surface of `aether serve`: health, metrics, and the ledger under `/v1/events`.
+//! Every error is `application/problem+json` (RFC 9457).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use aether_ledger::{AppendToStream, EventStore, ExpectedVersion, LedgerError, NewEvent};
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::auth::{Role, Tokens};
+
+/// Largest request body: several events of up to 1 MiB each.
+const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
+/// Largest page of events one request returns.
+const MAX_PAGE: u32 = 1000;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub store: EventStore,
+    pub tokens: Arc<Tokens>,
+    pub metrics: PrometheusHandle,
+}
+
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/v1/events", get(list_events).post(append_events))
+        .route("/v1/events/{seq}", get(get_event))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+/// An RFC 9457 problem.
+#[derive(Debug)]
+pub struct Problem {
+    status: StatusCode,
+    title: &'static str,
+    detail: String,
+    extra: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Problem {
+    pub fn new(status: StatusCode, title: &'static str, detail: impl Into<String>) -> Problem {
+        Problem {
+            status,
+            title,
+            detail: detail.into(),
+            extra: serde_json::Map::new(),
+        }
+    }
+
+    fn bad_request(detail: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::BAD_REQUEST, "Bad request", detail)
+    }
+
+    fn with(mut self, key: &str, value: serde_json::Value) -> Problem {
+        self.extra.insert(key.to_owned(), value);
+        self
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let mut body = self.extra;
+        body.insert("type".into(), json!("about:blank"));
+        body.insert("title".into(), json!(self.title));
+        body.insert("status".into(), json!(self.status.as_u16()));
+        body.insert("detail".into(), json!(self.detail));
+        let mut response = (self.status, axum::Json(body)).into_response();
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if self.status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+impl From<LedgerError> for Problem {
+    fn from(e: LedgerError) -> Problem {
+        match &e {
+            LedgerError::TooLarge { .. } => Problem::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "Payload too large",
+                e.to_string(),
+            ),
+            e if e.is_input_error() => Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Invalid event",
+                e.to_string(),
+            ),
+            LedgerError::WrongExpectedVersion { actual, .. } => Problem::new(
+                StatusCode::CONFLICT,
+                "Wrong expected version",
+                e.to_string(),
+            )
+            .with("actual_version", json!(actual)),
+            LedgerError::DuplicateEventId { .. } => {
+                Problem::new(StatusCode::CONFLICT, "Duplicate event id", e.to_string())
+            }
+            LedgerError::Overloaded => Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Ledger overloaded",
+                e.to_string(),
+            ),
+            LedgerError::WriterClosed => Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Shutting down",
+                e.to_string(),
+            ),
+            _ => {
+                tracing::error!(error = %e, "ledger error");
+                Problem::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "Ledger unavailable",
+                    "the ledger could not complete the request; see the server log",
+                )
+            }
+        }
+    }
+}
+
+/// Checks the bearer token and that its role is one of `allowed`.
+fn authorize(state: &AppState, headers: &HeaderMap, allowed: &[Role]) -> Result<Role, Problem> {
+    let value = headers
+        .get(header::AUTHORIZATION)
+        .ok_or_else(|| {
+            Problem::new(
+                StatusCode::UNAUTHORIZED,
+                "Unauthorized",
+                "missing Authorization: Bearer <token>",
+            )
+        })?
+        .to_str()
+        .unwrap_or_default();
+    let token = value.strip_prefix("Bearer ").ok_or_else(|| {
+        Problem::new(
+            StatusCode::UNAUTHORIZED,
+            "Unauthorized",
+            "Authorization must use the Bearer scheme",
+        )
+    })?;
+    let role = state
+        .tokens
+        .role_of(token.trim())
+        .ok_or_else(|| Problem::new(StatusCode::UNAUTHORIZED, "Unauthorized", "unknown token"))?;
+    if allowed.contains(&role) {
+        Ok(role)
+    } else {
+        Err(Problem::new(
+            StatusCode::FORBIDDEN,
+            "Forbidden",
+            format!("role {} may not do this", role.name()),
+        ))
+    }
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    match state.store.head().await {
+        Ok(head) => axum::Json(json!({
+            "status": "ready",
+            "backend": state.store.backend_name(),
+            "head_seq": head.map_or(0, |(seq, _)| seq),
+        }))
+        .into_response(),
+        Err(e) => Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Not ready",
+            format!("ledger database unreachable: {e}"),
+        )
+        .into_response(),
+    }
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn not_found() -> Problem {
+    Problem::new(StatusCode::NOT_FOUND, "Not found", "no such resource")
+}
+
+fn parse_u64(params: &HashMap<String, String>, name: &str, default: u64) -> Result<u64, Problem> {
+    match params.get(name) {
+        None => Ok(default),
+        Some(v) => v.parse().map_err(|_| {
+            Problem::bad_request(format!(
+                "query parameter {name} must be a non-negative integer, got {v:?}"
+            ))
+        }),
+    }
+}
+
+/// `GET /v1/events?from_seq=1&limit=100`: a page of the ledger in seq order.
+async fn list_events(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    query: Result<Query<HashMap<String, String>>, QueryRejection>,
+) -> Result<Response, Problem> {
+    authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
+    let Query(params) = query.map_err(|e| Problem::bad_request(e.body_text()))?;
+    if let Some(unknown) = params
+        .keys()
+        .find(|k| !matches!(k.as_str(), "from_seq" | "limit"))
+    {
+        return Err(Problem::bad_request(format!(
+            "unknown query parameter {unknown:?}; expected from_seq, limit"
+        )));
+    }
+    let from_seq = parse_u64(&params, "from_seq", 1)?.max(1);
+    let limit = parse_u64(&params, "limit", 100)?;
+    if limit == 0 || limit > u64::from(MAX_PAGE) {
+        return Err(Problem::bad_request(format!(
+            "limit must be between 1 and {MAX_PAGE}, got {limit}"
+        )));
+    }
+    let events = state.store.read_all(from_seq, limit as u32).await?;
+    let next = (events.len() as u64 == limit).then(|| events.last().map(|e| e.seq + 1));
+    Ok(axum::Json(json!({ "events": events, "next_from_seq": next.flatten() })).into_response())
+}
+
+/// `GET /v1/events/{seq}`: one event.
+async fn get_event(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(seq): Path<String>,
+) -> Result<Response, Problem> {
+    authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
+    let seq: u64 =
+        seq.parse().ok().filter(|s| *s >= 1).ok_or_else(|| {
+            Problem::bad_request(format!("seq must be an integer ≥ 1, got {seq:?}"))
+        })?;
+    let event = state.store.read_all(seq, 1).await?.into_iter().next();
+    match event {
+        Some(e) if e.seq == seq => Ok(axum::Json(e).into_response()),
+        _ => Err(Problem::new(
+            StatusCode::NOT_FOUND,
+            "Not found",
+            format!("no event at seq {seq}"),
+        )),
+    }
+}
+
+/// One stream's part of `POST /v1/events`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StreamBody {
+    stream_id: String,
+    /// `"any"` (default), `"no_stream"`, `"stream_exists"` or an exact version number.
+    #[serde(default)]
+    expected_version: Option<serde_json::Value>,
+    events: Vec<NewEvent>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MultiBody {
+    appends: Vec<StreamBody>,
+}
+
+fn expected_version(v: Option<serde_json::Value>) -> Result<ExpectedVersion, Problem> {
+    match &v {
+        None => Ok(ExpectedVersion::Any),
+        Some(serde_json::Value::Number(n)) if n.as_u64().is_some() => {
+            Ok(ExpectedVersion::Exact(n.as_u64().unwrap_or_default()))
+        }
+        Some(serde_json::Value::String(s)) if s == "any" => Ok(ExpectedVersion::Any),
+        Some(serde_json::Value::String(s)) if s == "no_stream" => Ok(ExpectedVersion::NoStream),
+        Some(serde_json::Value::String(s)) if s == "stream_exists" => {
+            Ok(ExpectedVersion::StreamExists)
+        }
+        Some(other) => Err(Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid event",
+            format!(
+                "expected_version must be a non-negative integer, \"any\", \"no_stream\" or \"stream_exists\", got {other}"
+            ),
+        )),
+    }
+}
+
+/// Reads `{stream_id, expected_version, events}` or `{appends: [...]}` (atomic).
+fn parse_append(body: &[u8]) -> Result<Vec<AppendToStream>, Problem> {
+    let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
+        Problem::bad_request(format!(
+            "request body is not JSON (line {}, column {}): {e}",
+            e.line(),
+            e.column()
+        ))
+    })?;
+    let invalid = |e: serde_json::Error| {
+        Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid event",
+            format!("request body is not a valid append: {e}"),
+        )
+    };
+    let streams = if value.get("appends").is_some() {
+        serde_json::from_value::<MultiBody>(value)
+            .map_err(invalid)?
+            .appends
+    } else {
+        vec![serde_json::from_value::<StreamBody>(value).map_err(invalid)?]
+    };
+    streams
+        .into_iter()
+        .map(|s| {
+            Ok(AppendToStream {
+                stream_id: s.stream_id,
+                expected: expected_version(s.expected_version)?,
+                events: s.events,
+            })
+        })
+        .collect()
+}
+
+/// `POST /v1/events` (operator): appends and answers once committed.
+async fn append_events(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, Problem> {
+    let role = authorize(&state, &headers, &[Role::Operator])?;
+    let appends = parse_append(&body)?;
+    let committed = state.store.append_multi(appends).await?;
+    tracing::debug!(?role, events = committed.len(), "appended over HTTP");
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(json!({ "committed": committed })),
+    )
+        .into_response())
+}

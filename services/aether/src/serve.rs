@@ -1,0 +1,155 @@
+//! `aether serve`: opens the ledger, starts the checkpointer and the HTTP API, and on
+//! SIGINT / SIGTERM stops taking requests, drains the writer and signs a last checkpoint.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aether_ledger::checkpoint::CheckpointSigner;
+use aether_ledger::{CheckpointPolicy, EventStore, StoreConfig, run_checkpointer};
+use anyhow::Context;
+use clap::Args;
+use metrics_exporter_prometheus::PrometheusBuilder;
+
+use crate::LedgerArgs;
+use crate::auth::{TokenSource, Tokens};
+use crate::http::{AppState, router};
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub ledger: LedgerArgs,
+    /// HTTP listen address.
+    #[arg(long, env = "AETHER_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Checkpoint signing key (PKCS#8 PEM). Default: created in `<data>/keys/`.
+    #[arg(long, env = "AETHER_CHECKPOINT_KEY")]
+    pub checkpoint_key: Option<std::path::PathBuf>,
+    /// Sign a checkpoint after this many new events.
+    #[arg(long, env = "AETHER_CHECKPOINT_EVERY_EVENTS", default_value_t = 1000)]
+    pub checkpoint_every_events: u64,
+    /// Sign a checkpoint at least this often (seconds) while events arrive.
+    #[arg(long, env = "AETHER_CHECKPOINT_EVERY_SECS", default_value_t = 10)]
+    pub checkpoint_every_secs: u64,
+    /// Most events per group-commit transaction.
+    #[arg(long, env = "AETHER_MAX_BATCH", default_value_t = 500)]
+    pub max_batch: usize,
+    /// Longest the writer waits to fill a batch, in microseconds.
+    #[arg(long, env = "AETHER_MAX_WAIT_US", default_value_t = 1000)]
+    pub max_wait_us: u64,
+}
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    crate::init_logging();
+    std::fs::create_dir_all(&args.ledger.data_dir).with_context(|| {
+        format!(
+            "cannot create data directory {}",
+            args.ledger.data_dir.display()
+        )
+    })?;
+    let metrics = PrometheusBuilder::new()
+        .install_recorder()
+        .context("cannot install the metrics recorder")?;
+
+    let config = StoreConfig {
+        max_batch: args.max_batch,
+        max_wait: Duration::from_micros(args.max_wait_us),
+        ..StoreConfig::default()
+    };
+    let store = EventStore::connect(&args.ledger.url(), config)
+        .await
+        .with_context(|| format!("cannot open the ledger at {}", args.ledger.describe()))?;
+
+    let signer = match &args.checkpoint_key {
+        Some(path) => CheckpointSigner::from_pem_file(path)?,
+        None => {
+            let keys = args.ledger.data_dir.join("keys");
+            let (signer, created) = CheckpointSigner::load_or_create(&keys)?;
+            if created {
+                tracing::info!(dir = %keys.display(), "created the SM2 checkpoint key pair");
+            }
+            signer
+        }
+    };
+    let public_key = signer.public_key_hex();
+    let (tokens, source) = Tokens::load(&args.ledger.data_dir)?;
+    match &source {
+        TokenSource::Environment => tracing::info!("API tokens from AETHER_TOKENS"),
+        TokenSource::File(p) => tracing::info!(file = %p.display(), "API tokens from file"),
+        TokenSource::Created(p) => {
+            tracing::info!(file = %p.display(), "created API tokens (operator, regulator, worker)")
+        }
+    }
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let policy = CheckpointPolicy {
+        every_events: args.checkpoint_every_events.max(1),
+        every: Duration::from_secs(args.checkpoint_every_secs.max(1)),
+    };
+    let checkpointer = tokio::spawn(run_checkpointer(store.clone(), signer, policy, stop_rx));
+    let upkeep = {
+        let handle = metrics.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                handle.run_upkeep();
+            }
+        })
+    };
+
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let local = listener.local_addr()?;
+    tracing::info!(
+        http = %format!("http://{local}"),
+        ledger = %args.ledger.describe(),
+        checkpoint_key = %public_key,
+        "aether serving"
+    );
+    // A line on stdout that scripts and tests can wait for.
+    println!("aether listening on http://{local}");
+
+    let state = AppState {
+        store: store.clone(),
+        tokens: Arc::new(tokens),
+        metrics,
+    };
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .context("HTTP server failed")?;
+
+    tracing::info!("shutting down: signing a last checkpoint and draining the ledger writer");
+    let _ = stop_tx.send(true);
+    match checkpointer.await {
+        Ok(Err(e)) => tracing::error!(error = %e, "checkpointer failed"),
+        Err(e) => tracing::error!(error = %e, "checkpointer task failed"),
+        Ok(Ok(())) => {}
+    }
+    store.shutdown().await;
+    upkeep.abort();
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
