@@ -226,7 +226,8 @@ cargo fmt --all -- --check
 step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 
-step "build tests: cargo test --workspace --no-run"
+step "build: the aether binary (end-to-end tests run it) and the tests"
+cargo build -p aether --bins
 cargo test --workspace --no-run
 
 if cargo nextest --version >/dev/null 2>&1; then

@@ -1,1 +1,139 @@
-//! Helpers shared by the end-to-end tests: spawning `aether` processes and test databases.
+//! Support for the end-to-end tests: running real `aether` processes on real data
+//! directories and databases, and talking to them over HTTP.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+pub const OPERATOR_TOKEN: &str = "e2e-operator-token-0123456789";
+pub const REGULATOR_TOKEN: &str = "e2e-regulator-token-0123456789";
+
+/// The `aether` binary next to the test executable (`target/<profile>/aether`), or
+/// `AETHER_BIN`. `scripts/test.sh` builds it before the tests run.
+pub fn aether_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("AETHER_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/<test>");
+    let bin = profile_dir.join(format!("aether{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.exists(),
+        "{} not found: build it first with `cargo build -p aether` (scripts/test.sh does)",
+        bin.display()
+    );
+    bin
+}
+
+/// Runs `aether <args>` to completion with the given environment.
+pub fn run_aether(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = Command::new(aether_bin());
+    cmd.args(args)
+        .env_remove("DATABASE_URL")
+        .env_remove("AETHER_TOKENS");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run aether")
+}
+
+/// A running `aether serve`.
+pub struct Server {
+    child: Child,
+    pub base_url: String,
+}
+
+impl Server {
+    /// Starts `aether serve` on a free port with `data_dir`, known tokens and `env`, and
+    /// waits until it listens. Its log goes to `<data_dir>/../serve-<n>.log`.
+    pub fn start(data_dir: &Path, env: &[(&str, &str)]) -> Server {
+        let log_path = data_dir.with_extension(format!("log.{}", uuid::Uuid::now_v7().simple()));
+        let log = std::fs::File::create(&log_path).expect("log file");
+        let mut cmd = Command::new(aether_bin());
+        cmd.arg("serve")
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(["--listen", "127.0.0.1:0"])
+            .env_remove("DATABASE_URL")
+            .env(
+                "AETHER_TOKENS",
+                format!("operator:{OPERATOR_TOKEN},regulator:{REGULATOR_TOKEN}"),
+            )
+            .env("AETHER_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn aether serve");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(url) = line.strip_prefix("aether listening on ") {
+                    let _ = tx.send(url.trim().to_string());
+                }
+            }
+        });
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(base_url) => Server { child, base_url },
+            Err(_) => {
+                let _ = child.kill();
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                panic!("aether serve did not start within 60 s; its log:\n{log}");
+            }
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base_url)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL: the process gets no chance to clean up.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then waits for a graceful exit.
+    pub fn terminate(mut self) -> ExitStatus {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        for _ in 0..300 {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        panic!("aether serve did not stop within 30 s of SIGTERM");
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// An HTTP client with no proxy and a short timeout.
+pub fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("http client")
+}

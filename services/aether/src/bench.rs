@@ -75,7 +75,7 @@ impl Scratch {
         let mut conn = PgConnection::connect(base)
             .await
             .with_context(|| format!("cannot connect to {}", redact_url(base)))?;
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        sqlx::raw_sql(&format!("CREATE DATABASE {name}"))
             .execute(&mut conn)
             .await
             .context("CREATE DATABASE (the bench needs a role that may create databases)")?;
@@ -91,11 +91,9 @@ impl Scratch {
         if let Some((base, name)) = self.cleanup
             && let Ok(mut conn) = PgConnection::connect(&base).await
         {
-            let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-                "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-            )))
-            .execute(&mut conn)
-            .await;
+            let _ = sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                .execute(&mut conn)
+                .await;
         }
     }
 }

@@ -354,3 +354,54 @@ async fn append_events(
     )
         .into_response())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The append decoder answers every input with appends or a 4xx problem, never a
+        /// panic or a 5xx.
+        #[test]
+        fn append_decoder_is_total(body in prop::collection::vec(any::<u8>(), 0..256)) {
+            if let Err(p) = parse_append(&body) {
+                prop_assert!(p.status.is_client_error());
+            }
+        }
+
+        #[test]
+        fn append_decoder_handles_structured_garbage(
+            stream in any::<String>(),
+            version in prop_oneof![Just(json!(null)), any::<i64>().prop_map(|n| json!(n)), any::<String>().prop_map(|s| json!(s))],
+            kind in "[A-Za-z ]{0,10}",
+        ) {
+            let body = json!({"stream_id": stream, "expected_version": version,
+                              "events": [{"event_type": kind, "payload": {}}]});
+            match parse_append(body.to_string().as_bytes()) {
+                Ok(appends) => prop_assert_eq!(appends.len(), 1),
+                Err(p) => prop_assert!(p.status.is_client_error()),
+            }
+        }
+    }
+
+    #[test]
+    fn expected_version_forms() {
+        assert_eq!(expected_version(None).unwrap(), ExpectedVersion::Any);
+        assert_eq!(
+            expected_version(Some(json!(4))).unwrap(),
+            ExpectedVersion::Exact(4)
+        );
+        assert_eq!(
+            expected_version(Some(json!("no_stream"))).unwrap(),
+            ExpectedVersion::NoStream
+        );
+        assert_eq!(
+            expected_version(Some(json!("stream_exists"))).unwrap(),
+            ExpectedVersion::StreamExists
+        );
+        assert!(expected_version(Some(json!(-1))).is_err());
+        assert!(expected_version(Some(json!(1.5))).is_err());
+        assert!(expected_version(Some(json!("later"))).is_err());
+    }
+}

@@ -33,7 +33,7 @@ impl TestDatabase {
                 crate::redact_url(&admin)
             )
         });
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        sqlx::raw_sql(&format!("CREATE DATABASE {name}"))
             .execute(&mut conn)
             .await
             .unwrap_or_else(|e| panic!("cannot create test database {name}: {e}"));
@@ -45,10 +45,10 @@ impl TestDatabase {
     /// Drops the database, closing any connection still open to it.
     pub async fn drop_database(self) {
         if let Ok(mut conn) = PgConnection::connect(&self.admin).await {
-            let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            let _ = sqlx::raw_sql(&format!(
                 "DROP DATABASE IF EXISTS {} WITH (FORCE)",
                 self.name
-            )))
+            ))
             .execute(&mut conn)
             .await;
             let _ = conn.close().await;
