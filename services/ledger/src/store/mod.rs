@@ -37,7 +37,7 @@ use crate::event::{
 use crate::hashing::Hash;
 use crate::subscription::Subscription;
 use crate::writer::{self, WriterMsg};
-use plan::{RequestOutcome, StreamAppend};
+use plan::StreamAppend;
 
 /// Tuning of the store and its group-commit writer.
 #[derive(Clone, Debug)]
@@ -91,13 +91,27 @@ pub(crate) enum Db {
 }
 
 impl Db {
-    pub(crate) async fn commit_batch(
-        &self,
-        requests: &[&[StreamAppend]],
-    ) -> Result<Vec<RequestOutcome>, sqlx::Error> {
+    pub(crate) async fn read_head(&self) -> Result<Option<plan::Head>, sqlx::Error> {
         match self {
-            Db::Postgres(p) => postgres::commit_batch(p, requests).await,
-            Db::Sqlite(p) => sqlite::commit_batch(p, requests).await,
+            Db::Postgres(p) => postgres::read_head(p).await,
+            Db::Sqlite(p) => sqlite::read_head(p).await,
+        }
+    }
+
+    pub(crate) async fn read_versions(
+        &self,
+        streams: &[String],
+    ) -> Result<std::collections::HashMap<String, u64>, sqlx::Error> {
+        match self {
+            Db::Postgres(p) => postgres::read_versions(p, streams).await,
+            Db::Sqlite(p) => sqlite::read_versions(p, streams).await,
+        }
+    }
+
+    pub(crate) async fn insert_rows(&self, rows: &[plan::EventRow]) -> Result<(), sqlx::Error> {
+        match self {
+            Db::Postgres(p) => postgres::insert_rows(p, rows).await,
+            Db::Sqlite(p) => sqlite::insert_rows(p, rows).await,
         }
     }
 

@@ -45,31 +45,51 @@ pub(crate) struct EventRow {
 
 pub(crate) type RequestOutcome = Result<Vec<Committed>, LedgerError>;
 
+/// A planned batch: rows to insert, each request's outcome, and the chain state after it.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    pub rows: Vec<EventRow>,
+    pub outcomes: Vec<RequestOutcome>,
+    /// The head once `rows` are committed (unchanged if there are none).
+    pub head: Option<Head>,
+    /// Versions of the streams this batch appends to, once committed.
+    pub versions: HashMap<String, u64>,
+    /// Streams on which a request was refused for its expected version.
+    pub conflicts: Vec<String>,
+}
+
 /// Plans a batch: requests whose expectations hold get consecutive seqs and a chain that
 /// starts at `head`; the others get their error and leave no row. Requests are taken in
-/// arrival order, each seeing the versions left by those before it.
+/// arrival order, each seeing the versions left by those before it. `known` holds the
+/// current version of every stream in the batch (absent = 0).
 pub(crate) fn plan_batch(
     head: Option<Head>,
-    mut versions: HashMap<String, u64>,
+    known: &HashMap<String, u64>,
     requests: &[&[StreamAppend]],
     now: DateTime<Utc>,
-) -> (Vec<EventRow>, Vec<RequestOutcome>) {
+) -> Plan {
     let mut next_seq = head.map_or(1, |h| h.seq + 1);
     let mut prev_hash = head.map_or(GENESIS_PREV_HASH, |h| h.hash);
     // recorded_at never goes backwards in seq, even if the clock does.
     let recorded_at = head.map_or(now, |h| now.max(h.recorded_at));
+    let mut versions: HashMap<String, u64> = HashMap::new();
     let mut seen_ids: HashSet<Uuid> = HashSet::new();
     let mut rows = Vec::new();
     let mut outcomes = Vec::with_capacity(requests.len());
+    let mut conflicts = Vec::new();
 
     for appends in requests {
-        if let Err(e) = check_request(appends, &versions, &seen_ids) {
+        if let Err(e) = check_request(appends, known, &versions, &seen_ids) {
+            if let LedgerError::WrongExpectedVersion { stream_id, .. } = &e {
+                conflicts.push(stream_id.clone());
+            }
             outcomes.push(Err(e));
             continue;
         }
         let mut committed = Vec::new();
         for append in appends.iter() {
-            let version = versions.entry(append.stream_id.clone()).or_insert(0);
+            let current = current_version(&append.stream_id, known, &versions);
+            let version = versions.entry(append.stream_id.clone()).or_insert(current);
             for event in &append.events {
                 *version += 1;
                 seen_ids.insert(event.event_id);
@@ -112,17 +132,44 @@ pub(crate) fn plan_batch(
         }
         outcomes.push(Ok(committed));
     }
-    (rows, outcomes)
+    let head = match rows.last() {
+        Some(last) => Some(Head {
+            seq: last.seq as u64,
+            hash: last.hash,
+            recorded_at,
+        }),
+        None => head,
+    };
+    Plan {
+        rows,
+        outcomes,
+        head,
+        versions,
+        conflicts,
+    }
+}
+
+fn current_version(
+    stream_id: &str,
+    known: &HashMap<String, u64>,
+    planned: &HashMap<String, u64>,
+) -> u64 {
+    planned
+        .get(stream_id)
+        .or_else(|| known.get(stream_id))
+        .copied()
+        .unwrap_or(0)
 }
 
 fn check_request(
     appends: &[StreamAppend],
-    versions: &HashMap<String, u64>,
+    known: &HashMap<String, u64>,
+    planned: &HashMap<String, u64>,
     seen_ids: &HashSet<Uuid>,
 ) -> Result<(), LedgerError> {
     let mut ids_here = HashSet::new();
     for append in appends {
-        let actual = versions.get(&append.stream_id).copied().unwrap_or(0);
+        let actual = current_version(&append.stream_id, known, planned);
         if !append.expected.admits(actual) {
             return Err(LedgerError::WrongExpectedVersion {
                 stream_id: append.stream_id.clone(),

@@ -7,14 +7,11 @@ use chrono::{DateTime, Utc};
 use sqlx::Row;
 use sqlx::postgres::{PgPool, PgRow};
 
-use super::plan::{EventRow, Head, RequestOutcome, StreamAppend, plan_batch, streams_of};
+use super::plan::{EventRow, Head};
 use super::{Direction, decode_event};
 use crate::error::LedgerError;
-use crate::event::{RecordedEvent, ledger_now};
+use crate::event::RecordedEvent;
 use crate::hashing::Hash;
-
-/// Advisory lock key of the ledger writer ("aether" in ASCII).
-const WRITER_LOCK: i64 = 0x0000_6165_7468_6572;
 
 pub(crate) async fn migrate(pool: &PgPool) -> Result<(), LedgerError> {
     sqlx::migrate!("../../migrations/postgres")
@@ -28,44 +25,47 @@ fn event(row: &PgRow) -> Result<RecordedEvent, LedgerError> {
     decode_event(row, recorded_at)
 }
 
-pub(crate) async fn commit_batch(
-    pool: &PgPool,
-    requests: &[&[StreamAppend]],
-) -> Result<Vec<RequestOutcome>, sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(WRITER_LOCK)
-        .execute(&mut *tx)
-        .await?;
-    let head = sqlx::query("SELECT seq, hash, recorded_at FROM events ORDER BY seq DESC LIMIT 1")
-        .fetch_optional(&mut *tx)
+/// The last committed event, read outside any transaction: the writer caches it.
+pub(crate) async fn read_head(pool: &PgPool) -> Result<Option<Head>, sqlx::Error> {
+    sqlx::query("SELECT seq, hash, recorded_at FROM events ORDER BY seq DESC LIMIT 1")
+        .fetch_optional(pool)
         .await?
-        .map(|row| -> Result<Head, sqlx::Error> {
+        .map(|row| {
             Ok(Head {
                 seq: row.try_get::<i64, _>("seq")? as u64,
                 hash: hash_column(&row, "hash")?,
                 recorded_at: row.try_get("recorded_at")?,
             })
         })
-        .transpose()?;
-    let streams = streams_of(requests);
-    let versions: HashMap<String, u64> = sqlx::query(
-        "SELECT stream_id, MAX(stream_version) AS v FROM events \
-         WHERE stream_id = ANY($1) GROUP BY stream_id",
+        .transpose()
+}
+
+/// Current versions of `streams` (absent streams are left out).
+pub(crate) async fn read_versions(
+    pool: &PgPool,
+    streams: &[String],
+) -> Result<HashMap<String, u64>, sqlx::Error> {
+    // One backward index probe per stream (O(log n)); a GROUP BY over ANY($1) would
+    // scan every version of every stream.
+    sqlx::query(
+        "SELECT s.stream_id, e.stream_version AS v FROM UNNEST($1::text[]) AS s(stream_id) \
+         CROSS JOIN LATERAL (SELECT stream_version FROM events \
+             WHERE events.stream_id = s.stream_id ORDER BY stream_version DESC LIMIT 1) e",
     )
-    .bind(&streams)
-    .fetch_all(&mut *tx)
+    .bind(streams)
+    .fetch_all(pool)
     .await?
     .iter()
     .map(|r| Ok((r.try_get("stream_id")?, r.try_get::<i64, _>("v")? as u64)))
-    .collect::<Result<_, sqlx::Error>>()?;
+    .collect()
+}
 
-    let (rows, outcomes) = plan_batch(head, versions, requests, ledger_now());
-    if !rows.is_empty() {
-        insert(&mut tx, &rows).await?;
-    }
-    tx.commit().await?;
-    Ok(outcomes)
+/// Inserts one planned batch in one transaction. The primary key on `seq` and the unique
+/// `(stream_id, stream_version)` make a concurrent writer's batch fail rather than fork.
+pub(crate) async fn insert_rows(pool: &PgPool, rows: &[EventRow]) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    insert(&mut tx, rows).await?;
+    tx.commit().await
 }
 
 async fn insert(tx: &mut sqlx::PgConnection, rows: &[EventRow]) -> Result<(), sqlx::Error> {

@@ -7,10 +7,10 @@ use chrono::{DateTime, Utc};
 use sqlx::sqlite::{SqlitePool, SqliteRow};
 use sqlx::{QueryBuilder, Row, Sqlite};
 
-use super::plan::{EventRow, Head, RequestOutcome, StreamAppend, plan_batch, streams_of};
+use super::plan::{EventRow, Head};
 use super::{Direction, decode_event};
 use crate::error::LedgerError;
-use crate::event::{RecordedEvent, ledger_now};
+use crate::event::RecordedEvent;
 use crate::hashing::Hash;
 
 /// SQLite allows 32766 bound variables per statement; 11 per row.
@@ -38,38 +38,50 @@ fn event(row: &SqliteRow) -> Result<RecordedEvent, LedgerError> {
     decode_event(row, recorded_at)
 }
 
-pub(crate) async fn commit_batch(
-    pool: &SqlitePool,
-    requests: &[&[StreamAppend]],
-) -> Result<Vec<RequestOutcome>, sqlx::Error> {
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-    let head = sqlx::query("SELECT seq, hash, recorded_at FROM events ORDER BY seq DESC LIMIT 1")
-        .fetch_optional(&mut *tx)
+/// The last committed event, read outside any transaction: the writer caches it.
+pub(crate) async fn read_head(pool: &SqlitePool) -> Result<Option<Head>, sqlx::Error> {
+    sqlx::query("SELECT seq, hash, recorded_at FROM events ORDER BY seq DESC LIMIT 1")
+        .fetch_optional(pool)
         .await?
-        .map(|row| -> Result<Head, sqlx::Error> {
+        .map(|row| {
             Ok(Head {
                 seq: row.try_get::<i64, _>("seq")? as u64,
                 hash: hash_column(&row, "hash")?,
                 recorded_at: from_micros("recorded_at", row.try_get("recorded_at")?)?,
             })
         })
-        .transpose()?;
+        .transpose()
+}
+
+/// Current versions of `streams` (absent streams are left out).
+pub(crate) async fn read_versions(
+    pool: &SqlitePool,
+    streams: &[String],
+) -> Result<HashMap<String, u64>, sqlx::Error> {
     let mut versions = HashMap::new();
-    for stream_id in streams_of(requests) {
+    for stream_id in streams {
+        // MAX over the (stream_id, stream_version) index is a single seek in SQLite.
         let v: Option<i64> =
             sqlx::query_scalar("SELECT MAX(stream_version) FROM events WHERE stream_id = ?")
-                .bind(&stream_id)
-                .fetch_one(&mut *tx)
+                .bind(stream_id)
+                .fetch_one(pool)
                 .await?;
-        versions.insert(stream_id, v.unwrap_or(0) as u64);
+        if let Some(v) = v {
+            versions.insert(stream_id.clone(), v as u64);
+        }
     }
+    Ok(versions)
+}
 
-    let (rows, outcomes) = plan_batch(head, versions, requests, ledger_now());
+/// Inserts one planned batch in one `BEGIN IMMEDIATE` transaction. The primary key on `seq`
+/// and the unique `(stream_id, stream_version)` make a concurrent writer's batch fail
+/// rather than fork.
+pub(crate) async fn insert_rows(pool: &SqlitePool, rows: &[EventRow]) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
     for chunk in rows.chunks(ROWS_PER_INSERT) {
         insert(&mut tx, chunk).await?;
     }
-    tx.commit().await?;
-    Ok(outcomes)
+    tx.commit().await
 }
 
 async fn insert(tx: &mut sqlx::SqliteConnection, rows: &[EventRow]) -> Result<(), sqlx::Error> {
