@@ -231,10 +231,11 @@ cargo build -p aether --bins
 cargo test --workspace --no-run
 
 if cargo nextest --version >/dev/null 2>&1; then
-    step "cargo nextest run --workspace --no-fail-fast $*"
-    cargo nextest run --workspace --no-fail-fast "$@"
+    # Doc tests first, so that the run closes on nextest's summary of all tests.
     step "cargo test --workspace --doc"
     cargo test --workspace --doc
+    step "cargo nextest run --workspace --no-fail-fast $*"
+    cargo nextest run --workspace --no-fail-fast "$@"
 else
     step "cargo test --workspace --no-fail-fast $* (cargo-nextest not installed)"
     cargo test --workspace --no-fail-fast "$@"
