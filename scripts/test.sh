@@ -238,7 +238,13 @@ if cargo nextest --version >/dev/null 2>&1; then
     cargo nextest run --workspace --no-fail-fast "$@"
 else
     step "cargo test --workspace --no-fail-fast $* (cargo-nextest not installed)"
-    cargo test --workspace --no-fail-fast "$@"
+    log=$(mktemp)
+    status=0
+    cargo test --workspace --no-fail-fast "$@" 2>&1 | tee "$log" || status=$?
+    # One closing line for the whole run (cargo test ends on the last crate's doc tests).
+    awk '/^test result:/ { p += $4; f += $6 } END { printf "%d passed, %d failed\n", p, f }' "$log"
+    rm -f "$log"
+    [ "$status" -eq 0 ] || exit "$status"
 fi
 
 step "all checks passed"
