@@ -33,6 +33,7 @@ impl TestDatabase {
                 crate::redact_url(&admin)
             )
         });
+        drop_stale_databases(&mut conn).await;
         sqlx::raw_sql(&format!("CREATE DATABASE {name}"))
             .execute(&mut conn)
             .await
@@ -52,6 +53,32 @@ impl TestDatabase {
             .execute(&mut conn)
             .await;
             let _ = conn.close().await;
+        }
+    }
+}
+
+/// Drops test databases left by tests that failed more than an hour ago (their names
+/// carry a UUIDv7, hence their creation time), so failures do not pile up on a server.
+async fn drop_stale_databases(conn: &mut PgConnection) {
+    let names: Vec<String> =
+        sqlx::query_scalar("SELECT datname FROM pg_database WHERE datname LIKE 'aether\\_t\\_%'")
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap_or_default();
+    let cutoff = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    for name in names {
+        let created = name
+            .strip_prefix("aether_t_")
+            .and_then(|id| uuid::Uuid::parse_str(id).ok())
+            .and_then(|id| id.get_timestamp())
+            .map(|ts| {
+                let (secs, nanos) = ts.to_unix();
+                std::time::UNIX_EPOCH + std::time::Duration::new(secs, nanos)
+            });
+        if created.is_some_and(|t| t < cutoff) {
+            let _ = sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                .execute(&mut *conn)
+                .await;
         }
     }
 }

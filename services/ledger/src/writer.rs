@@ -1,17 +1,22 @@
 //! The group-commit writer: the only task that inserts events. It gathers concurrent
 //! appends into one transaction (bounded by `max_batch` events and `max_wait`), computes
-//! the chain inside it, and answers each caller only after the commit.
+//! the chain for it, and answers each caller only after the commit.
+//!
+//! Batches are pipelined one deep: while batch N is in the database, the writer gathers
+//! and plans batch N+1 on the chain N will leave. N+1 reaches the database only after N
+//! has committed; if N fails, N+1 is planned again on fresh state. So at most one batch is
+//! ever uncommitted, and a caller never hears "committed" for a batch that was not.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
 
 use crate::error::LedgerError;
-use std::collections::HashMap;
-
 use crate::event::ledger_now;
 use crate::store::Db;
-use crate::store::plan::{Head, RequestOutcome, StreamAppend, plan_batch, streams_of};
+use crate::store::plan::{Head, Plan, RequestOutcome, StreamAppend, plan_batch, streams_of};
 
 pub(crate) enum WriterMsg {
     Append {
@@ -21,6 +26,18 @@ pub(crate) enum WriterMsg {
     },
     /// Commit everything received before this message, then stop.
     Shutdown { ack: oneshot::Sender<()> },
+}
+
+struct Pending {
+    appends: Vec<StreamAppend>,
+    reply: oneshot::Sender<RequestOutcome>,
+    enqueued: Instant,
+}
+
+impl Pending {
+    fn events(&self) -> usize {
+        self.appends.iter().map(|a| a.events.len()).sum()
+    }
 }
 
 /// Scheduler turns without a new append after which the writer stops gathering.
@@ -42,112 +59,251 @@ async fn gather_more(rx: &mut mpsc::Receiver<WriterMsg>, deadline: Instant) -> O
     None
 }
 
-struct Pending {
-    appends: Vec<StreamAppend>,
-    reply: oneshot::Sender<RequestOutcome>,
-    enqueued: Instant,
+/// Collects appends into batches of at most `max_batch` events.
+struct Gatherer {
+    rx: mpsc::Receiver<WriterMsg>,
+    max_batch: usize,
+    max_wait: Duration,
+    carry: Option<Pending>,
+    stopping: Option<oneshot::Sender<()>>,
+    closed: bool,
 }
 
-impl Pending {
-    fn events(&self) -> usize {
-        self.appends.iter().map(|a| a.events.len()).sum()
+impl Gatherer {
+    fn done(&self) -> bool {
+        self.stopping.is_some() || self.closed
     }
+
+    /// The next batch. Waits for a first append only if `block`; then takes whatever else
+    /// is ready, waiting up to `max_wait` for more when appenders are `concurrent`.
+    async fn next(&mut self, block: bool, concurrent: bool) -> Vec<Pending> {
+        let first = match self.carry.take() {
+            Some(p) => p,
+            None if self.done() => return Vec::new(),
+            None => {
+                let msg = if block {
+                    self.rx.recv().await
+                } else {
+                    match self.rx.try_recv() {
+                        Ok(m) => Some(m),
+                        Err(mpsc::error::TryRecvError::Empty) => return Vec::new(),
+                        Err(mpsc::error::TryRecvError::Disconnected) => None,
+                    }
+                };
+                match self.accept(msg) {
+                    Some(p) => p,
+                    None => return Vec::new(),
+                }
+            }
+        };
+        let mut size = first.events();
+        let mut batch = vec![first];
+        let wait = if concurrent {
+            self.max_wait
+        } else {
+            Duration::ZERO
+        };
+        let deadline = Instant::now() + wait;
+        while size < self.max_batch && !self.done() {
+            let msg = match self.rx.try_recv() {
+                Ok(m) => Some(m),
+                Err(mpsc::error::TryRecvError::Disconnected) => None,
+                Err(mpsc::error::TryRecvError::Empty) if wait.is_zero() => break,
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    match gather_more(&mut self.rx, deadline).await {
+                        Some(m) => Some(m),
+                        None => break,
+                    }
+                }
+            };
+            let Some(p) = self.accept(msg) else { break };
+            if size + p.events() > self.max_batch {
+                self.carry = Some(p);
+                break;
+            }
+            size += p.events();
+            batch.push(p);
+        }
+        batch
+    }
+
+    /// An append to batch; records a shutdown request or a closed channel.
+    fn accept(&mut self, msg: Option<WriterMsg>) -> Option<Pending> {
+        match msg {
+            Some(WriterMsg::Append {
+                appends,
+                reply,
+                enqueued,
+            }) => Some(Pending {
+                appends,
+                reply,
+                enqueued,
+            }),
+            Some(WriterMsg::Shutdown { ack }) => {
+                self.stopping = Some(ack);
+                None
+            }
+            None => {
+                self.closed = true;
+                None
+            }
+        }
+    }
+}
+
+/// A batch whose rows are being inserted by a spawned task.
+struct InFlight {
+    batch: Vec<Pending>,
+    outcomes: Vec<RequestOutcome>,
+    started: Instant,
+    insert: JoinHandle<Result<(), sqlx::Error>>,
 }
 
 pub(crate) async fn run(
     db: Db,
-    mut rx: mpsc::Receiver<WriterMsg>,
+    rx: mpsc::Receiver<WriterMsg>,
     committed: watch::Sender<u64>,
     max_batch: usize,
     max_wait: Duration,
 ) {
-    let mut carry: Option<Pending> = None;
-    let mut stopping: Option<oneshot::Sender<()>> = None;
+    let mut gatherer = Gatherer {
+        rx,
+        max_batch,
+        max_wait,
+        carry: None,
+        stopping: None,
+        closed: false,
+    };
+    let mut cache = ChainCache::default();
+    let mut inflight: Option<InFlight> = None;
     // A lone appender is never made to wait for company: the wait applies only once the
     // previous batch showed concurrent appenders.
     let mut concurrent = false;
-    let mut cache = ChainCache::default();
     loop {
-        let first = match carry.take() {
-            Some(p) => p,
-            None => match rx.recv().await {
-                Some(WriterMsg::Append {
-                    appends,
-                    reply,
-                    enqueued,
-                }) => Pending {
-                    appends,
-                    reply,
-                    enqueued,
-                },
-                Some(WriterMsg::Shutdown { ack }) => {
-                    stopping = Some(ack);
-                    break;
-                }
-                None => break,
-            },
+        let batch = gatherer.next(inflight.is_none(), concurrent).await;
+        if batch.is_empty() && inflight.is_none() {
+            if gatherer.done() {
+                break;
+            }
+            continue;
+        }
+        if !batch.is_empty() {
+            concurrent = batch.len() > 1;
+        }
+        // Plan on the chain the in-flight batch will leave, while it is in the database.
+        let requests: Vec<&[StreamAppend]> = batch.iter().map(|p| p.appends.as_slice()).collect();
+        let mut planned = if batch.is_empty() || cache.head.is_none() {
+            None
+        } else {
+            Some(prepare(&db, &mut cache, &requests, inflight.is_none()).await)
         };
-        let mut size = first.events();
-        let mut batch = vec![first];
-        let wait = if concurrent { max_wait } else { Duration::ZERO };
-        let deadline = Instant::now() + wait;
-        while size < max_batch {
-            let msg = match rx.try_recv() {
-                Ok(m) => Some(m),
-                Err(mpsc::error::TryRecvError::Disconnected) => None,
-                Err(mpsc::error::TryRecvError::Empty) if wait.is_zero() => None,
-                Err(mpsc::error::TryRecvError::Empty) => gather_more(&mut rx, deadline).await,
-            };
-            match msg {
-                Some(WriterMsg::Append {
-                    appends,
-                    reply,
-                    enqueued,
-                }) => {
-                    let p = Pending {
-                        appends,
-                        reply,
-                        enqueued,
-                    };
-                    if size + p.events() > max_batch {
-                        carry = Some(p);
-                        break;
-                    }
-                    size += p.events();
-                    batch.push(p);
-                }
-                Some(WriterMsg::Shutdown { ack }) => {
-                    stopping = Some(ack);
-                    break;
-                }
-                None => break,
+        if let Some(f) = inflight.take() {
+            let landed = finish(&db, &mut cache, f, &committed).await;
+            if !landed {
+                planned = None;
             }
         }
-        concurrent = batch.len() > 1;
-        commit(&db, &mut cache, batch, &committed).await;
-        if stopping.is_some() {
-            if let Some(p) = carry.take() {
-                commit(&db, &mut cache, vec![p], &committed).await;
+        if batch.is_empty() {
+            continue;
+        }
+        let plan = match planned {
+            Some(Ok(plan)) if plan.conflicts.is_empty() => Ok(plan),
+            // No optimistic plan, a failed read, or expected-version conflicts that need a
+            // fresh look at the database now that nothing is in flight.
+            _ => prepare(&db, &mut cache, &requests, true).await,
+        };
+        drop(requests);
+        match plan {
+            Ok(plan) => {
+                apply(&mut cache, &plan);
+                let Plan { rows, outcomes, .. } = plan;
+                if rows.is_empty() {
+                    answer(batch, outcomes, &committed);
+                } else {
+                    let db = db.clone();
+                    inflight = Some(InFlight {
+                        batch,
+                        outcomes,
+                        started: Instant::now(),
+                        insert: tokio::spawn(async move { db.insert_rows(&rows).await }),
+                    });
+                }
             }
-            break;
+            Err(e) => {
+                cache.invalidate();
+                tracing::error!(error = %e, "ledger cannot read its chain state");
+                let outcomes = batch
+                    .iter()
+                    .map(|_| Err(LedgerError::CommitFailed(e.to_string())))
+                    .collect();
+                answer(batch, outcomes, &committed);
+            }
         }
     }
     // Anything still queued after a shutdown request is refused, never half-done.
+    let mut rx = gatherer.rx;
     rx.close();
     while let Ok(msg) = rx.try_recv() {
         if let WriterMsg::Append { reply, .. } = msg {
             let _ = reply.send(Err(LedgerError::WriterClosed));
         }
     }
-    if let Some(ack) = stopping {
+    if let Some(ack) = gatherer.stopping {
         let _ = ack.send(());
     }
 }
 
-/// What the writer knows of the chain: the head and recent stream versions. Single-process
-/// deployments never read them back; if another process writes the same database, the
-/// primary key on `seq` and the unique `(stream_id, stream_version)` refuse the stale batch,
-/// the cache is dropped and the batch retried on fresh state.
+/// Waits for an in-flight batch and answers its callers. On a uniqueness conflict (another
+/// writer moved the chain, or a caller reused an event id) each request is retried alone
+/// on fresh state, so only an offender fails. Returns whether the batch landed as planned.
+async fn finish(
+    db: &Db,
+    cache: &mut ChainCache,
+    f: InFlight,
+    committed: &watch::Sender<u64>,
+) -> bool {
+    let result = match f.insert.await {
+        Ok(r) => r,
+        Err(e) => Err(sqlx::Error::Protocol(format!(
+            "ledger insert task failed: {e}"
+        ))),
+    };
+    metrics::histogram!("aether_ledger_commit_seconds").record(f.started.elapsed().as_secs_f64());
+    metrics::histogram!("aether_ledger_batch_requests").record(f.batch.len() as f64);
+    match result {
+        Ok(()) => {
+            answer(f.batch, f.outcomes, committed);
+            true
+        }
+        Err(e) if is_unique_violation(&e) => {
+            cache.invalidate();
+            for p in f.batch {
+                let outcome = write_alone(db, cache, &p.appends).await;
+                answer(vec![p], vec![outcome], committed);
+            }
+            false
+        }
+        Err(e) => {
+            // The commit's fate is unknown to us: forget the chain state and reread it.
+            cache.invalidate();
+            tracing::error!(error = %e, requests = f.batch.len(), "ledger batch commit failed");
+            let message = e.to_string();
+            let outcomes = f
+                .batch
+                .iter()
+                .map(|_| Err(LedgerError::CommitFailed(message.clone())))
+                .collect();
+            answer(f.batch, outcomes, committed);
+            false
+        }
+    }
+}
+
+/// What the writer knows of the chain: the head and recent stream versions, including
+/// those of the batch in flight. Single-process deployments never read them back; if
+/// another process writes the same database, the primary key on `seq` and the unique
+/// `(stream_id, stream_version)` refuse the stale batch, the cache is dropped and the
+/// batch retried on fresh state.
 #[derive(Default)]
 pub(crate) struct ChainCache {
     /// `None` until read; `Some(None)` for an empty ledger.
@@ -165,12 +321,15 @@ impl ChainCache {
     }
 }
 
-/// Plans and inserts one batch against the cached chain state; answers per request.
-async fn write(
+/// Plans a batch on the cached chain, reading what the cache lacks. With `settled` (no
+/// batch in flight), a request refused for its expected version is checked against the
+/// database first, in case the cache is stale.
+async fn prepare(
     db: &Db,
     cache: &mut ChainCache,
     requests: &[&[StreamAppend]],
-) -> Result<Vec<RequestOutcome>, sqlx::Error> {
+    settled: bool,
+) -> Result<Plan, sqlx::Error> {
     let head = match cache.head {
         Some(h) => h,
         None => {
@@ -190,65 +349,37 @@ async fn write(
             cache.versions.insert(stream, v);
         }
     }
+    let plan = plan_batch(head, &cache.versions, requests, ledger_now());
+    if plan.conflicts.is_empty() || !settled {
+        return Ok(plan);
+    }
+    let fresh = db.read_versions(&plan.conflicts).await?;
+    let mut stale = false;
+    for stream in &plan.conflicts {
+        let v = fresh.get(stream).copied().unwrap_or(0);
+        stale |= cache.versions.insert(stream.clone(), v) != Some(v);
+    }
+    if !stale {
+        // The refusals stand: hand the plan on as settled.
+        return Ok(Plan {
+            conflicts: Vec::new(),
+            ..plan
+        });
+    }
     let mut plan = plan_batch(head, &cache.versions, requests, ledger_now());
-    if !plan.conflicts.is_empty() {
-        // Before refusing an expected version, make sure it is not our cache that is stale.
-        let fresh = db.read_versions(&plan.conflicts).await?;
-        let mut stale = false;
-        for stream in &plan.conflicts {
-            let v = fresh.get(stream).copied().unwrap_or(0);
-            stale |= cache.versions.insert(stream.clone(), v) != Some(v);
-        }
-        if stale {
-            plan = plan_batch(head, &cache.versions, requests, ledger_now());
-        }
-    }
-    if !plan.rows.is_empty() {
-        db.insert_rows(&plan.rows).await?;
-    }
+    plan.conflicts.clear();
+    Ok(plan)
+}
+
+/// Records a plan's effect on the chain, before its commit (see the module doc).
+fn apply(cache: &mut ChainCache, plan: &Plan) {
     cache.head = Some(plan.head);
     if cache.versions.len() + plan.versions.len() > MAX_CACHED_STREAMS {
         cache.versions.clear();
     }
-    cache.versions.extend(plan.versions);
-    Ok(plan.outcomes)
-}
-
-/// Commits one batch. If the database refuses it over a uniqueness conflict (another
-/// writer moved the chain, or a caller reused an event id), the cache is dropped and each
-/// request is retried alone on fresh state, so only an offender fails.
-async fn commit(
-    db: &Db,
-    cache: &mut ChainCache,
-    batch: Vec<Pending>,
-    committed: &watch::Sender<u64>,
-) {
-    let started = Instant::now();
-    let requests: Vec<&[StreamAppend]> = batch.iter().map(|p| p.appends.as_slice()).collect();
-    let result = write(db, cache, &requests).await;
-    metrics::histogram!("aether_ledger_commit_seconds").record(started.elapsed().as_secs_f64());
-    metrics::histogram!("aether_ledger_batch_requests").record(batch.len() as f64);
-    match result {
-        Ok(outcomes) => answer(batch, outcomes, committed),
-        Err(e) if is_unique_violation(&e) => {
-            cache.invalidate();
-            for p in batch {
-                let outcome = write_alone(db, cache, &p.appends).await;
-                answer(vec![p], vec![outcome], committed);
-            }
-        }
-        Err(e) => {
-            // The commit's fate is unknown to us: forget the chain state and reread it.
-            cache.invalidate();
-            tracing::error!(error = %e, requests = batch.len(), "ledger batch commit failed");
-            let message = e.to_string();
-            let outcomes = batch
-                .iter()
-                .map(|_| Err(LedgerError::CommitFailed(message.clone())))
-                .collect();
-            answer(batch, outcomes, committed);
-        }
-    }
+    cache
+        .versions
+        .extend(plan.versions.iter().map(|(k, v)| (k.clone(), *v)));
 }
 
 /// Writes one request on its own, re-reading the chain after each uniqueness conflict: a
@@ -257,7 +388,21 @@ async fn commit(
 async fn write_alone(db: &Db, cache: &mut ChainCache, appends: &[StreamAppend]) -> RequestOutcome {
     const ATTEMPTS: u32 = 5;
     for _ in 0..ATTEMPTS {
-        match write(db, cache, &[appends]).await {
+        let result = match prepare(db, cache, &[appends], true).await {
+            Ok(plan) => {
+                let inserted = if plan.rows.is_empty() {
+                    Ok(())
+                } else {
+                    db.insert_rows(&plan.rows).await
+                };
+                inserted.map(|()| {
+                    apply(cache, &plan);
+                    plan.outcomes
+                })
+            }
+            Err(e) => Err(e),
+        };
+        match result {
             Ok(mut outcomes) => return outcomes.pop().unwrap_or(Err(LedgerError::WriterClosed)),
             Err(e) if is_unique_violation(&e) => {
                 cache.invalidate();

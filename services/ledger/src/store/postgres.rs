@@ -60,12 +60,12 @@ pub(crate) async fn read_versions(
     .collect()
 }
 
-/// Inserts one planned batch in one transaction. The primary key on `seq` and the unique
+/// Inserts one planned batch atomically: a single multi-row statement is its own
+/// transaction, so the batch costs one round trip. The primary key on `seq` and the unique
 /// `(stream_id, stream_version)` make a concurrent writer's batch fail rather than fork.
 pub(crate) async fn insert_rows(pool: &PgPool, rows: &[EventRow]) -> Result<(), sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    insert(&mut tx, rows).await?;
-    tx.commit().await
+    let mut conn = pool.acquire().await?;
+    insert(&mut conn, rows).await
 }
 
 async fn insert(tx: &mut sqlx::PgConnection, rows: &[EventRow]) -> Result<(), sqlx::Error> {
