@@ -56,55 +56,81 @@ pub fn serialize_timestamp<S: Serializer>(t: &DateTime<Utc>, s: S) -> Result<S::
 
 /// The RFC 8785 text of the event object `{event_id, event_type, metadata, payload,
 /// recorded_at, schema_version, seq, stream_id, stream_version}`.
-///
-/// The members are written in JCS order directly; `payload` and `metadata` are already
-/// canonical, so nothing is parsed again (this is the verifier's hot path).
 pub fn canonical_event_bytes(f: &HashedFields<'_>) -> Vec<u8> {
     let mut out = Vec::with_capacity(f.payload.len() + f.metadata.len() + 256);
-    out.extend_from_slice(b"{\"event_id\":\"");
-    out.extend_from_slice(f.event_id.hyphenated().to_string().as_bytes());
-    out.extend_from_slice(b"\",\"event_type\":");
-    push_json_string(&mut out, f.event_type);
-    out.extend_from_slice(b",\"metadata\":");
-    out.extend_from_slice(f.metadata.as_bytes());
-    out.extend_from_slice(b",\"payload\":");
-    out.extend_from_slice(f.payload.as_bytes());
-    out.extend_from_slice(b",\"recorded_at\":\"");
-    out.extend_from_slice(format_timestamp(&f.recorded_at).as_bytes());
-    out.extend_from_slice(b"\",\"schema_version\":");
-    out.extend_from_slice(f.schema_version.to_string().as_bytes());
-    out.extend_from_slice(b",\"seq\":");
-    out.extend_from_slice(f.seq.to_string().as_bytes());
-    out.extend_from_slice(b",\"stream_id\":");
-    push_json_string(&mut out, f.stream_id);
-    out.extend_from_slice(b",\"stream_version\":");
-    out.extend_from_slice(f.stream_version.to_string().as_bytes());
-    out.push(b'}');
+    write_canonical_event(f, &mut |bytes| out.extend_from_slice(bytes));
     out
 }
 
-/// Writes a JSON string with RFC 8785 escaping (that of ECMAScript `JSON.stringify`).
-fn push_json_string(out: &mut Vec<u8>, s: &str) {
-    out.push(b'"');
-    for c in s.chars() {
-        match c {
-            '"' => out.extend_from_slice(b"\\\""),
-            '\\' => out.extend_from_slice(b"\\\\"),
-            '\u{8}' => out.extend_from_slice(b"\\b"),
-            '\u{c}' => out.extend_from_slice(b"\\f"),
-            '\n' => out.extend_from_slice(b"\\n"),
-            '\r' => out.extend_from_slice(b"\\r"),
-            '\t' => out.extend_from_slice(b"\\t"),
-            c if (c as u32) < 0x20 => {
-                out.extend_from_slice(format!("\\u{:04x}", c as u32).as_bytes())
-            }
-            c => {
-                let mut buf = [0u8; 4];
-                out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
-            }
+/// Emits the canonical event text piece by piece, members in JCS order; `payload` and
+/// `metadata` are already canonical, so nothing is parsed again. The hasher consumes the
+/// pieces directly (no buffer), which is the writer's and the verifier's hot path.
+fn write_canonical_event(f: &HashedFields<'_>, out: &mut dyn FnMut(&[u8])) {
+    let mut uuid = [0u8; uuid::fmt::Hyphenated::LENGTH];
+    let mut number = [0u8; 20];
+    out(b"{\"event_id\":\"");
+    out(f.event_id.hyphenated().encode_lower(&mut uuid).as_bytes());
+    out(b"\",\"event_type\":");
+    push_json_string(out, f.event_type);
+    out(b",\"metadata\":");
+    out(f.metadata.as_bytes());
+    out(b",\"payload\":");
+    out(f.payload.as_bytes());
+    out(b",\"recorded_at\":\"");
+    out(format_timestamp(&f.recorded_at).as_bytes());
+    out(b"\",\"schema_version\":");
+    out(decimal(&mut number, u64::from(f.schema_version)));
+    out(b",\"seq\":");
+    out(decimal(&mut number, f.seq));
+    out(b",\"stream_id\":");
+    push_json_string(out, f.stream_id);
+    out(b",\"stream_version\":");
+    out(decimal(&mut number, f.stream_version));
+    out(b"}");
+}
+
+/// `n` in decimal, written into `buf` (u64 has at most 20 digits).
+fn decimal(buf: &mut [u8; 20], mut n: u64) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
         }
     }
-    out.push(b'"');
+    &buf[i..]
+}
+
+/// Writes a JSON string with RFC 8785 escaping (that of ECMAScript `JSON.stringify`).
+fn push_json_string(out: &mut dyn FnMut(&[u8]), s: &str) {
+    out(b"\"");
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let escape: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            0x08 => b"\\b",
+            0x0c => b"\\f",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            b if b < 0x20 => {
+                out(&bytes[start..i]);
+                out(format!("\\u{b:04x}").as_bytes());
+                start = i + 1;
+                continue;
+            }
+            _ => continue,
+        };
+        out(&bytes[start..i]);
+        out(escape);
+        start = i + 1;
+    }
+    out(&bytes[start..]);
+    out(b"\"");
 }
 
 /// `SM3("aether.event.v1" ‖ prev_hash ‖ canonical_event_bytes)`.
@@ -112,7 +138,7 @@ pub fn event_hash(prev_hash: &Hash, fields: &HashedFields<'_>) -> Hash {
     let mut h = Sm3::new();
     h.update(EVENT_HASH_TAG);
     h.update(prev_hash);
-    h.update(canonical_event_bytes(fields));
+    write_canonical_event(fields, &mut |bytes| h.update(bytes));
     h.finalize().into()
 }
 
@@ -261,6 +287,37 @@ mod tests {
                 recorded_at: e.recorded_at,
             };
             assert_eq!(
+                String::from_utf8(canonical_event_bytes(&fields)).unwrap(),
+                canonical_json(&whole).unwrap()
+            );
+        }
+    }
+
+    proptest::proptest! {
+        /// The hand-written canonical writer agrees with a JCS library on any strings and
+        /// numbers, escapes and non-ASCII included.
+        #[test]
+        fn canonical_writer_matches_jcs(
+            stream_id in proptest::prelude::any::<String>(),
+            event_type in proptest::prelude::any::<String>(),
+            seq in 0u64..(1 << 53),
+            version in 0u64..(1 << 53),
+            schema in proptest::prelude::any::<u32>(),
+            micros in 0i64..4_102_444_800_000_000,
+        ) {
+            let recorded_at = DateTime::from_timestamp_micros(micros).unwrap();
+            let id = Uuid::now_v7();
+            let fields = HashedFields {
+                seq, stream_id: &stream_id, stream_version: version, event_id: id,
+                event_type: &event_type, schema_version: schema,
+                payload: "{\"a\":1}", metadata: "{}", recorded_at,
+            };
+            let whole = json!({
+                "seq": seq, "stream_id": stream_id, "stream_version": version,
+                "event_id": id.to_string(), "event_type": event_type, "schema_version": schema,
+                "payload": {"a": 1}, "metadata": {}, "recorded_at": format_timestamp(&recorded_at),
+            });
+            proptest::prop_assert_eq!(
                 String::from_utf8(canonical_event_bytes(&fields)).unwrap(),
                 canonical_json(&whole).unwrap()
             );
