@@ -36,6 +36,9 @@ pub enum LedgerError {
         number: String,
     },
 
+    #[error("invalid filter: {0}")]
+    InvalidFilter(String),
+
     #[error("an append must carry at least one event")]
     EmptyAppend,
 
@@ -98,6 +101,7 @@ impl LedgerError {
                 | LedgerError::EmptyAppend
                 | LedgerError::TooManyEvents { .. }
                 | LedgerError::DuplicateStream { .. }
+                | LedgerError::InvalidFilter(_)
         )
     }
 

@@ -24,6 +24,9 @@ pub use checkpointer::{CheckpointPolicy, run_checkpointer};
 pub use error::LedgerError;
 pub use event::{Committed, ExpectedVersion, NewEvent, RecordedEvent};
 pub use hashing::Hash;
-pub use store::{AppendToStream, Direction, EventStore, StoreConfig, redact_url};
+pub use store::{
+    AppendToStream, Direction, EventFilter, EventStore, FILTERABLE_METADATA, StoreConfig,
+    redact_url,
+};
 pub use subscription::Subscription;
 pub use verify::{ChainVerifier, Problem, VerifyFailure, VerifyReport, verify_store};

@@ -8,8 +8,8 @@ use std::time::Duration;
 use aether_ledger::checkpoint::{CHECKPOINT_STREAM, CheckpointSigner};
 use aether_ledger::testing::TestDatabase;
 use aether_ledger::{
-    AppendToStream, CheckpointPolicy, Direction, EventStore, ExpectedVersion, LedgerError,
-    NewEvent, Problem, StoreConfig, run_checkpointer, verify_store,
+    AppendToStream, CheckpointPolicy, Direction, EventFilter, EventStore, ExpectedVersion,
+    LedgerError, NewEvent, Problem, StoreConfig, run_checkpointer, verify_store,
 };
 use serde_json::json;
 
@@ -110,6 +110,7 @@ contract!(
     checkpoints_are_signed_and_verified,
     shutdown_commits_queued_appends_then_refuses,
     two_writers_on_one_database_keep_one_chain,
+    filtered_queries_select_by_type_prefix_metadata_and_time,
 );
 
 async fn appended_events_read_back_chained<F, Fut>(open: F)
@@ -918,5 +919,104 @@ where
     }
     let report = verify_store(&h.store, None, |_| {}).await.unwrap();
     assert!(report.is_ok(), "{:?}", report.failure);
+    h.finish().await;
+}
+
+async fn filtered_queries_select_by_type_prefix_metadata_and_time<F, Fut>(open: F)
+where
+    F: Fn(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = Harness>,
+{
+    let h = open(StoreConfig::default()).await;
+    let s = &h.store;
+    let meta =
+        |actor: &str, member: &str| json!({"actor": actor, "member": member, "trace_id": "t"});
+    s.append(
+        "engine/sgp",
+        ExpectedVersion::Any,
+        vec![NewEvent::new("EngineActivated", json!({})).with_metadata(meta("alice", "-"))],
+    )
+    .await
+    .unwrap();
+    let early = s
+        .append(
+            "clearing/m1",
+            ExpectedVersion::Any,
+            vec![NewEvent::new("ClearingDecided", json!({"n": 1})).with_metadata(meta("gw", "m1"))],
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(15)).await;
+    s.append(
+        "clearing/m2",
+        ExpectedVersion::Any,
+        vec![NewEvent::new("ClearingDecided", json!({"n": 2})).with_metadata(meta("gw", "m2"))],
+    )
+    .await
+    .unwrap();
+    s.append(
+        "clearing/m1",
+        ExpectedVersion::Any,
+        vec![NewEvent::new("ClearingDecided", json!({"n": 3})).with_metadata(meta("gw", "m1"))],
+    )
+    .await
+    .unwrap();
+    let seqs = |events: Vec<aether_ledger::RecordedEvent>| {
+        events.iter().map(|e| e.seq).collect::<Vec<_>>()
+    };
+
+    let by_type = EventFilter {
+        event_type: Some("ClearingDecided".into()),
+        ..Default::default()
+    };
+    assert_eq!(seqs(s.query(&by_type, 0, 10).await.unwrap()), vec![2, 3, 4]);
+    // Cursor paging: after seq 2, one at a time.
+    assert_eq!(seqs(s.query(&by_type, 2, 1).await.unwrap()), vec![3]);
+    let by_prefix = EventFilter {
+        stream_prefix: Some("clearing/m1".into()),
+        ..Default::default()
+    };
+    assert_eq!(seqs(s.query(&by_prefix, 0, 10).await.unwrap()), vec![2, 4]);
+    let by_member = EventFilter {
+        metadata: vec![("member".into(), "m2".into())],
+        ..Default::default()
+    };
+    assert_eq!(seqs(s.query(&by_member, 0, 10).await.unwrap()), vec![3]);
+    let by_actor_and_type = EventFilter {
+        event_type: Some("EngineActivated".into()),
+        metadata: vec![("actor".into(), "alice".into())],
+        ..Default::default()
+    };
+    assert_eq!(
+        seqs(s.query(&by_actor_and_type, 0, 10).await.unwrap()),
+        vec![1]
+    );
+    let after_early = EventFilter {
+        from: Some(early[0].recorded_at + chrono::Duration::milliseconds(5)),
+        ..Default::default()
+    };
+    assert_eq!(
+        seqs(s.query(&after_early, 0, 10).await.unwrap()),
+        vec![3, 4]
+    );
+    // A prefix is a prefix, not a pattern.
+    let pattern = EventFilter {
+        stream_prefix: Some("clearing/%".into()),
+        ..Default::default()
+    };
+    assert!(s.query(&pattern, 0, 10).await.unwrap().is_empty());
+
+    let err = s
+        .query(
+            &EventFilter {
+                metadata: vec![("password".into(), "x".into())],
+                ..Default::default()
+            },
+            0,
+            10,
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("cannot be filtered on"), "{err}");
     h.finish().await;
 }

@@ -11,6 +11,7 @@ macro_rules! select_events {
     };
 }
 
+mod filter;
 pub(crate) mod plan;
 mod postgres;
 mod sqlite;
@@ -38,6 +39,8 @@ use crate::hashing::Hash;
 use crate::subscription::Subscription;
 use crate::writer::{self, WriterMsg};
 use plan::StreamAppend;
+
+pub use filter::{EventFilter, FILTERABLE_METADATA};
 
 /// Tuning of the store and its group-commit writer.
 #[derive(Clone, Debug)]
@@ -372,6 +375,20 @@ impl EventStore {
             Db::Sqlite(p) => {
                 sqlite::read_stream(p, stream_id, from_version, direction, limit).await
             }
+        }
+    }
+
+    /// Up to `limit` events matching `filter` with seq > `after_seq`, in seq order.
+    pub async fn query(
+        &self,
+        filter: &EventFilter,
+        after_seq: u64,
+        limit: u32,
+    ) -> Result<Vec<RecordedEvent>, LedgerError> {
+        filter.validate()?;
+        match &self.inner.db {
+            Db::Postgres(p) => postgres::query(p, filter, after_seq, limit).await,
+            Db::Sqlite(p) => sqlite::query(p, filter, after_seq, limit).await,
         }
     }
 

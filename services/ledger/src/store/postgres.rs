@@ -8,7 +8,7 @@ use sqlx::Row;
 use sqlx::postgres::{PgPool, PgRow};
 
 use super::plan::{EventRow, Head};
-use super::{Direction, decode_event};
+use super::{Direction, EventFilter, decode_event};
 use crate::error::LedgerError;
 use crate::event::RecordedEvent;
 use crate::hashing::Hash;
@@ -256,4 +256,37 @@ pub(crate) async fn save_position(
     .execute(pool)
     .await?;
     Ok(())
+}
+
+pub(crate) async fn query(
+    pool: &PgPool,
+    filter: &EventFilter,
+    after_seq: u64,
+    limit: u32,
+) -> Result<Vec<RecordedEvent>, LedgerError> {
+    let mut q = sqlx::QueryBuilder::<sqlx::Postgres>::new(select_events!("WHERE seq > "));
+    q.push_bind(after_seq as i64);
+    if let Some(from) = filter.from {
+        q.push(" AND recorded_at >= ").push_bind(from);
+    }
+    if let Some(to) = filter.to {
+        q.push(" AND recorded_at < ").push_bind(to);
+    }
+    if let Some(t) = &filter.event_type {
+        q.push(" AND event_type = ").push_bind(t);
+    }
+    if let Some(prefix) = &filter.stream_prefix {
+        q.push(" AND starts_with(stream_id, ")
+            .push_bind(prefix)
+            .push(")");
+    }
+    for (key, value) in &filter.metadata {
+        // Keys are checked against a fixed list; both are bound, never spliced.
+        q.push(" AND (metadata::jsonb ->> ")
+            .push_bind(key)
+            .push(") = ")
+            .push_bind(value);
+    }
+    q.push(" ORDER BY seq LIMIT ").push_bind(i64::from(limit));
+    q.build().fetch_all(pool).await?.iter().map(event).collect()
 }

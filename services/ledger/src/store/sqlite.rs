@@ -8,7 +8,7 @@ use sqlx::sqlite::{SqlitePool, SqliteRow};
 use sqlx::{QueryBuilder, Row, Sqlite};
 
 use super::plan::{EventRow, Head};
-use super::{Direction, decode_event};
+use super::{Direction, EventFilter, decode_event};
 use crate::error::LedgerError;
 use crate::event::RecordedEvent;
 use crate::hashing::Hash;
@@ -255,4 +255,38 @@ pub(crate) async fn save_position(
     .execute(pool)
     .await?;
     Ok(())
+}
+
+pub(crate) async fn query(
+    pool: &SqlitePool,
+    filter: &EventFilter,
+    after_seq: u64,
+    limit: u32,
+) -> Result<Vec<RecordedEvent>, LedgerError> {
+    let mut q = QueryBuilder::<Sqlite>::new(select_events!("WHERE seq > "));
+    q.push_bind(after_seq as i64);
+    if let Some(from) = filter.from {
+        q.push(" AND recorded_at >= ").push_bind(to_micros(from));
+    }
+    if let Some(to) = filter.to {
+        q.push(" AND recorded_at < ").push_bind(to_micros(to));
+    }
+    if let Some(t) = &filter.event_type {
+        q.push(" AND event_type = ").push_bind(t);
+    }
+    if let Some(prefix) = &filter.stream_prefix {
+        q.push(" AND substr(stream_id, 1, length(")
+            .push_bind(prefix)
+            .push(")) = ")
+            .push_bind(prefix);
+    }
+    for (key, value) in &filter.metadata {
+        // Keys are checked against a fixed list of plain names; both are bound.
+        q.push(" AND json_extract(metadata, '$.' || ")
+            .push_bind(key)
+            .push(") = ")
+            .push_bind(value);
+    }
+    q.push(" ORDER BY seq LIMIT ").push_bind(i64::from(limit));
+    q.build().fetch_all(pool).await?.iter().map(event).collect()
 }
