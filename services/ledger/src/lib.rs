@@ -12,6 +12,7 @@ pub mod error;
 pub mod event;
 pub mod hashing;
 pub mod merkle;
+pub mod merkle_log;
 mod store;
 pub mod subscription;
 #[cfg(feature = "testing")]
@@ -24,6 +25,7 @@ pub use checkpointer::{CheckpointPolicy, run_checkpointer};
 pub use error::LedgerError;
 pub use event::{Committed, ExpectedVersion, NewEvent, RecordedEvent};
 pub use hashing::Hash;
+pub use merkle_log::MerkleLog;
 pub use store::{
     AppendToStream, Direction, EventFilter, EventStore, FILTERABLE_METADATA, StoreConfig,
     redact_url,

@@ -111,6 +111,7 @@ contract!(
     shutdown_commits_queued_appends_then_refuses,
     two_writers_on_one_database_keep_one_chain,
     filtered_queries_select_by_type_prefix_metadata_and_time,
+    merkle_log_follows_the_ledger_and_proves_inclusion,
 );
 
 async fn appended_events_read_back_chained<F, Fut>(open: F)
@@ -1018,5 +1019,69 @@ where
         .await
         .unwrap_err();
     assert!(err.to_string().contains("cannot be filtered on"), "{err}");
+    h.finish().await;
+}
+
+async fn merkle_log_follows_the_ledger_and_proves_inclusion<F, Fut>(open: F)
+where
+    F: Fn(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = Harness>,
+{
+    use aether_ledger::MerkleLog;
+    use aether_ledger::merkle::{root, verify_consistency, verify_inclusion};
+    let h = open(StoreConfig::default()).await;
+    for n in 0..20 {
+        h.store
+            .append("m", ExpectedVersion::Any, vec![ev("E", n)])
+            .await
+            .unwrap();
+    }
+    let log = MerkleLog::default();
+    assert_eq!(log.catch_up(&h.store).await.unwrap(), 20);
+    let hashes: Vec<[u8; 32]> = h
+        .store
+        .read_all(1, 100)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.hash)
+        .collect();
+    assert_eq!(log.root_at(20).unwrap(), root(&hashes));
+    let proof = log.inclusion_proof(7, 20).unwrap();
+    verify_inclusion(&hashes[6], 6, 20, &proof, &root(&hashes)).unwrap();
+    assert!(verify_inclusion(&hashes[5], 6, 20, &proof, &root(&hashes)).is_err());
+
+    // Following: new appends show up without another catch_up call.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let follower = tokio::spawn(log.clone().follow(h.store.clone(), stop_rx));
+    for n in 20..25 {
+        h.store
+            .append("m", ExpectedVersion::Any, vec![ev("E", n)])
+            .await
+            .unwrap();
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while log.len() < 25 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "follower lagging at {}",
+            log.len()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop_tx.send(true).unwrap();
+    follower.await.unwrap().unwrap();
+    let all: Vec<[u8; 32]> = h
+        .store
+        .read_all(1, 100)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.hash)
+        .collect();
+    let proof = log.consistency_proof(20, 25).unwrap();
+    verify_consistency(20, 25, &root(&hashes), &root(&all), &proof).unwrap();
+    assert!(log.inclusion_proof(26, 25).is_err());
+    assert!(log.inclusion_proof(0, 25).is_err());
     h.finish().await;
 }
