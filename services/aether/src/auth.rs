@@ -42,6 +42,14 @@ impl std::str::FromStr for Role {
     }
 }
 
+/// An authenticated caller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    pub role: Role,
+    /// `role:fingerprint`, as recorded in event metadata.
+    pub actor: String,
+}
+
 /// Where the tokens came from, for the start-up message.
 #[derive(Debug)]
 pub enum TokenSource {
@@ -122,9 +130,14 @@ impl Tokens {
         Ok((Tokens::parse(&spec)?, TokenSource::Created(path)))
     }
 
-    /// The role a presented token grants, if any.
-    pub fn role_of(&self, token: &str) -> Option<Role> {
-        self.by_digest.get(&digest(token)).copied()
+    /// Who presents `token`: its role and a fingerprint that names the token in the
+    /// ledger's access records without revealing it.
+    pub fn caller(&self, token: &str) -> Option<Caller> {
+        let d = digest(token);
+        self.by_digest.get(&d).map(|&role| Caller {
+            role,
+            actor: format!("{}:{}", role.name(), hex::encode(&d[..4])),
+        })
     }
 }
 
@@ -157,9 +170,15 @@ mod tests {
     #[test]
     fn parses_roles_and_rejects_bad_entries() {
         let t = Tokens::parse("operator:aaaaaaaaaaaaaaaa, regulator:bbbbbbbbbbbbbbbb").unwrap();
-        assert_eq!(t.role_of("aaaaaaaaaaaaaaaa"), Some(Role::Operator));
-        assert_eq!(t.role_of("bbbbbbbbbbbbbbbb"), Some(Role::Regulator));
-        assert_eq!(t.role_of("cccccccccccccccc"), None);
+        assert_eq!(
+            t.caller("aaaaaaaaaaaaaaaa").map(|c| c.role),
+            Some(Role::Operator)
+        );
+        assert_eq!(
+            t.caller("bbbbbbbbbbbbbbbb").map(|c| c.role),
+            Some(Role::Regulator)
+        );
+        assert_eq!(t.caller("cccccccccccccccc"), None);
         assert!(Tokens::parse("admin:aaaaaaaaaaaaaaaa").is_err());
         assert!(Tokens::parse("operator:short").is_err());
         assert!(Tokens::parse("operator").is_err());

@@ -4,7 +4,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use aether_ledger::{AppendToStream, EventStore, ExpectedVersion, LedgerError, NewEvent};
+use aether_ledger::{
+    AppendToStream, EventStore, ExpectedVersion, LedgerError, MerkleLog, NewEvent,
+};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
@@ -16,7 +18,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::auth::{Role, Tokens};
+use crate::auth::{Caller, Role, Tokens};
 
 /// Largest request body: several events of up to 1 MiB each.
 const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
@@ -28,6 +30,8 @@ pub struct AppState {
     pub store: EventStore,
     pub tokens: Arc<Tokens>,
     pub metrics: PrometheusHandle,
+    /// Every event hash in memory, for proofs.
+    pub merkle: MerkleLog,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -37,6 +41,7 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/events", get(list_events).post(append_events))
         .route("/v1/events/{seq}", get(get_event))
+        .merge(crate::audit_http::routes())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
@@ -52,7 +57,11 @@ pub struct Problem {
 }
 
 impl Problem {
-    pub fn new(status: StatusCode, title: &'static str, detail: impl Into<String>) -> Problem {
+    pub(crate) fn new(
+        status: StatusCode,
+        title: &'static str,
+        detail: impl Into<String>,
+    ) -> Problem {
         Problem {
             status,
             title,
@@ -61,7 +70,7 @@ impl Problem {
         }
     }
 
-    fn bad_request(detail: impl Into<String>) -> Problem {
+    pub(crate) fn bad_request(detail: impl Into<String>) -> Problem {
         Problem::new(StatusCode::BAD_REQUEST, "Bad request", detail)
     }
 
@@ -137,7 +146,11 @@ impl From<LedgerError> for Problem {
 }
 
 /// Checks the bearer token and that its role is one of `allowed`.
-fn authorize(state: &AppState, headers: &HeaderMap, allowed: &[Role]) -> Result<Role, Problem> {
+pub(crate) fn authorize(
+    state: &AppState,
+    headers: &HeaderMap,
+    allowed: &[Role],
+) -> Result<Caller, Problem> {
     let value = headers
         .get(header::AUTHORIZATION)
         .ok_or_else(|| {
@@ -156,17 +169,17 @@ fn authorize(state: &AppState, headers: &HeaderMap, allowed: &[Role]) -> Result<
             "Authorization must use the Bearer scheme",
         )
     })?;
-    let role = state
+    let caller = state
         .tokens
-        .role_of(token.trim())
+        .caller(token.trim())
         .ok_or_else(|| Problem::new(StatusCode::UNAUTHORIZED, "Unauthorized", "unknown token"))?;
-    if allowed.contains(&role) {
-        Ok(role)
+    if allowed.contains(&caller.role) {
+        Ok(caller)
     } else {
         Err(Problem::new(
             StatusCode::FORBIDDEN,
             "Forbidden",
-            format!("role {} may not do this", role.name()),
+            format!("role {} may not do this", caller.role.name()),
         ))
     }
 }
@@ -204,7 +217,11 @@ async fn not_found() -> Problem {
     Problem::new(StatusCode::NOT_FOUND, "Not found", "no such resource")
 }
 
-fn parse_u64(params: &HashMap<String, String>, name: &str, default: u64) -> Result<u64, Problem> {
+pub(crate) fn parse_u64(
+    params: &HashMap<String, String>,
+    name: &str,
+    default: u64,
+) -> Result<u64, Problem> {
     match params.get(name) {
         None => Ok(default),
         Some(v) => v.parse().map_err(|_| {
@@ -344,10 +361,10 @@ async fn append_events(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, Problem> {
-    let role = authorize(&state, &headers, &[Role::Operator])?;
+    let caller = authorize(&state, &headers, &[Role::Operator])?;
     let appends = parse_append(&body)?;
     let committed = state.store.append_multi(appends).await?;
-    tracing::debug!(?role, events = committed.len(), "appended over HTTP");
+    tracing::debug!(actor = %caller.actor, events = committed.len(), "appended over HTTP");
     Ok((
         StatusCode::CREATED,
         axum::Json(json!({ "committed": committed })),

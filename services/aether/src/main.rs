@@ -1,5 +1,6 @@
 //! `aether`: the command line and composition root of the Aether compliance ledger.
 
+mod audit_http;
 mod auth;
 mod bench;
 mod http;

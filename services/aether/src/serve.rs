@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aether_ledger::checkpoint::CheckpointSigner;
-use aether_ledger::{CheckpointPolicy, EventStore, StoreConfig, run_checkpointer};
+use aether_ledger::{CheckpointPolicy, EventStore, MerkleLog, StoreConfig, run_checkpointer};
 use anyhow::Context;
 use clap::Args;
 use metrics_exporter_prometheus::PrometheusBuilder;
@@ -86,7 +86,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         every_events: args.checkpoint_every_events.max(1),
         every: Duration::from_secs(args.checkpoint_every_secs.max(1)),
     };
-    let checkpointer = tokio::spawn(run_checkpointer(store.clone(), signer, policy, stop_rx));
+    let checkpointer = tokio::spawn(run_checkpointer(
+        store.clone(),
+        signer,
+        policy,
+        stop_rx.clone(),
+    ));
     let upkeep = {
         let handle = metrics.clone();
         tokio::spawn(async move {
@@ -110,10 +115,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // A line on stdout that scripts and tests can wait for.
     println!("aether listening on http://{local}");
 
+    let merkle = MerkleLog::default();
+    let loaded = merkle.catch_up(&store).await?;
+    tracing::info!(events = loaded, "Merkle log loaded");
+    let follower = tokio::spawn(merkle.clone().follow(store.clone(), stop_rx.clone()));
     let state = AppState {
         store: store.clone(),
         tokens: Arc::new(tokens),
         metrics,
+        merkle,
     };
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown_signal())
@@ -127,6 +137,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Err(e) => tracing::error!(error = %e, "checkpointer task failed"),
         Ok(Ok(())) => {}
     }
+    follower.abort();
     store.shutdown().await;
     upkeep.abort();
     tracing::info!("stopped");

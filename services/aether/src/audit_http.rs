@@ -1,0 +1,329 @@
+//! The regulator's HTTP API under `/v1/audit`: read only, regulator role, and every call
+//! is itself appended to the `access/audit` stream before it is answered (auditors are
+//! audited; if that record cannot be written, the query is refused).
+
+use std::collections::HashMap;
+
+use aether_ledger::checkpoint::{CHECKPOINT_STREAM, SignedCheckpoint};
+use aether_ledger::{Direction, EventFilter, ExpectedVersion, NewEvent, RecordedEvent};
+use axum::Router;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+
+use crate::auth::{Caller, Role};
+use crate::http::{AppState, Problem, authorize, parse_u64};
+
+/// Stream of access records.
+pub const ACCESS_STREAM: &str = "access/audit";
+/// Largest page of events one audit query returns.
+const MAX_PAGE: u64 = 1000;
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/v1/audit/events", get(events))
+        .route("/v1/audit/events/{seq}", get(event))
+        .route("/v1/audit/checkpoints", get(checkpoints))
+        .route("/v1/audit/proofs/inclusion", get(inclusion))
+        .route("/v1/audit/proofs/consistency", get(consistency))
+}
+
+type Params = Result<Query<HashMap<String, String>>, QueryRejection>;
+
+fn params(query: Params, allowed: &[&str]) -> Result<HashMap<String, String>, Problem> {
+    let Query(params) = query.map_err(|e| Problem::bad_request(e.body_text()))?;
+    if let Some(unknown) = params.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(Problem::bad_request(format!(
+            "unknown query parameter {unknown:?}; expected one of {}",
+            allowed.join(", ")
+        )));
+    }
+    Ok(params)
+}
+
+fn time_param(
+    params: &HashMap<String, String>,
+    name: &str,
+) -> Result<Option<DateTime<Utc>>, Problem> {
+    params
+        .get(name)
+        .map(|v| {
+            DateTime::parse_from_rfc3339(v)
+                .map(|t| t.with_timezone(&Utc))
+                .map_err(|e| {
+                    Problem::bad_request(format!("{name} must be an RFC 3339 time, got {v:?}: {e}"))
+                })
+        })
+        .transpose()
+}
+
+/// Records the access in the ledger; the answer waits for that record to commit.
+async fn record_access(
+    state: &AppState,
+    caller: &Caller,
+    what: &str,
+    details: Value,
+) -> Result<(), Problem> {
+    let event = NewEvent::new("AuditQueried", json!({ "query": what, "details": details }))
+        .with_metadata(json!({ "actor": caller.actor }));
+    state
+        .store
+        .append(ACCESS_STREAM, ExpectedVersion::Any, vec![event])
+        .await
+        .map(|_| ())
+        .map_err(|e| {
+            tracing::error!(error = %e, "cannot record an audit access");
+            Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Access not recorded",
+                "the access record could not be written to the ledger, so the query was not run",
+            )
+        })
+}
+
+fn regulator(state: &AppState, headers: &HeaderMap) -> Result<Caller, Problem> {
+    authorize(state, headers, &[Role::Regulator])
+}
+
+/// `GET /v1/audit/events`: filtered events, in seq order, with a cursor.
+async fn events(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    query: Params,
+) -> Result<Response, Problem> {
+    let caller = regulator(&state, &headers)?;
+    let p = params(
+        query,
+        &[
+            "from",
+            "to",
+            "event_type",
+            "stream_prefix",
+            "actor",
+            "trace_id",
+            "member",
+            "snapshot_id",
+            "request_id",
+            "cursor",
+            "limit",
+        ],
+    )?;
+    let mut metadata = Vec::new();
+    for key in ["actor", "trace_id", "member", "snapshot_id", "request_id"] {
+        if let Some(v) = p.get(key) {
+            metadata.push((key.to_owned(), v.clone()));
+        }
+    }
+    let filter = EventFilter {
+        from: time_param(&p, "from")?,
+        to: time_param(&p, "to")?,
+        event_type: p.get("event_type").cloned(),
+        stream_prefix: p.get("stream_prefix").cloned(),
+        metadata,
+    };
+    let cursor = parse_u64(&p, "cursor", 0)?;
+    let limit = parse_u64(&p, "limit", 100)?;
+    if limit == 0 || limit > MAX_PAGE {
+        return Err(Problem::bad_request(format!(
+            "limit must be between 1 and {MAX_PAGE}, got {limit}"
+        )));
+    }
+    filter
+        .validate()
+        .map_err(|e| Problem::bad_request(e.to_string()))?;
+    record_access(&state, &caller, "events", json!(p)).await?;
+    let found = state.store.query(&filter, cursor, limit as u32).await?;
+    let next = (found.len() as u64 == limit)
+        .then(|| found.last().map(|e| e.seq.to_string()))
+        .flatten();
+    Ok(axum::Json(json!({ "events": found, "next_cursor": next })).into_response())
+}
+
+/// The newest checkpoint in the ledger, if any.
+async fn latest_checkpoint(state: &AppState) -> Result<Option<(u64, SignedCheckpoint)>, Problem> {
+    let last = state
+        .store
+        .read_stream(CHECKPOINT_STREAM, u64::MAX, Direction::Backward, 1)
+        .await?;
+    Ok(last.first().and_then(|e| {
+        SignedCheckpoint::from_event(e)
+            .and_then(Result::ok)
+            .map(|c| (e.seq, c))
+    }))
+}
+
+fn hex_list(hashes: &[[u8; 32]]) -> Vec<String> {
+    hashes.iter().map(hex::encode).collect()
+}
+
+fn proof_problem(e: aether_ledger::merkle::ProofError) -> Problem {
+    Problem::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "No such proof",
+        e.to_string(),
+    )
+}
+
+/// `GET /v1/audit/events/{seq}`: one event with its inclusion proof against the latest
+/// signed checkpoint.
+async fn event(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(seq): Path<String>,
+) -> Result<Response, Problem> {
+    let caller = regulator(&state, &headers)?;
+    let seq: u64 =
+        seq.parse().ok().filter(|s| *s >= 1).ok_or_else(|| {
+            Problem::bad_request(format!("seq must be an integer ≥ 1, got {seq:?}"))
+        })?;
+    record_access(&state, &caller, "event", json!({ "seq": seq })).await?;
+    let event: RecordedEvent = state
+        .store
+        .read_all(seq, 1)
+        .await?
+        .into_iter()
+        .next()
+        .filter(|e| e.seq == seq)
+        .ok_or_else(|| {
+            Problem::new(
+                StatusCode::NOT_FOUND,
+                "Not found",
+                format!("no event at seq {seq}"),
+            )
+        })?;
+    let proof = match latest_checkpoint(&state).await? {
+        Some((checkpoint_seq, cp)) if cp.tree_size >= seq => {
+            let hashes = state
+                .merkle
+                .inclusion_proof(seq, cp.tree_size)
+                .map_err(proof_problem)?;
+            json!({
+                "leaf_index": seq - 1,
+                "tree_size": cp.tree_size,
+                "hashes": hex_list(&hashes),
+                "checkpoint": cp,
+                "checkpoint_seq": checkpoint_seq,
+            })
+        }
+        _ => json!(null),
+    };
+    Ok(axum::Json(json!({
+        "event": event,
+        "inclusion_proof": proof,
+        "note": if proof.is_null() {
+            "not yet covered by a signed checkpoint; ask again after the next one"
+        } else {
+            "verify with RFC 9162 inclusion over SM3 against checkpoint.root_hash (see HASHING.md)"
+        },
+    }))
+    .into_response())
+}
+
+/// `GET /v1/audit/checkpoints?from_version=1&limit=100`: signed tree heads, oldest first.
+async fn checkpoints(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    query: Params,
+) -> Result<Response, Problem> {
+    let caller = regulator(&state, &headers)?;
+    let p = params(query, &["from_version", "limit"])?;
+    let from = parse_u64(&p, "from_version", 1)?.max(1);
+    let limit = parse_u64(&p, "limit", 100)?;
+    if limit == 0 || limit > MAX_PAGE {
+        return Err(Problem::bad_request(format!(
+            "limit must be between 1 and {MAX_PAGE}, got {limit}"
+        )));
+    }
+    record_access(&state, &caller, "checkpoints", json!(p)).await?;
+    let events = state
+        .store
+        .read_stream(CHECKPOINT_STREAM, from, Direction::Forward, limit as u32)
+        .await?;
+    let list: Vec<Value> = events
+        .iter()
+        .filter_map(|e| {
+            SignedCheckpoint::from_event(e)
+                .and_then(Result::ok)
+                .map(|c| json!({ "seq": e.seq, "version": e.stream_version, "checkpoint": c }))
+        })
+        .collect();
+    Ok(axum::Json(json!({ "checkpoints": list })).into_response())
+}
+
+/// `GET /v1/audit/proofs/inclusion?seq=&tree_size=` (tree size defaults to the latest
+/// checkpoint's).
+async fn inclusion(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    query: Params,
+) -> Result<Response, Problem> {
+    let caller = regulator(&state, &headers)?;
+    let p = params(query, &["seq", "tree_size"])?;
+    let seq = p
+        .get("seq")
+        .ok_or_else(|| Problem::bad_request("query parameter seq is required"))
+        .and_then(|_| parse_u64(&p, "seq", 0))?;
+    let tree_size = match p.get("tree_size") {
+        Some(_) => parse_u64(&p, "tree_size", 0)?,
+        None => latest_checkpoint(&state)
+            .await?
+            .map(|(_, c)| c.tree_size)
+            .ok_or_else(|| {
+                Problem::new(
+                    StatusCode::CONFLICT,
+                    "No checkpoint yet",
+                    "no signed checkpoint exists yet; give tree_size explicitly",
+                )
+            })?,
+    };
+    record_access(&state, &caller, "inclusion_proof", json!(p)).await?;
+    let hashes = state
+        .merkle
+        .inclusion_proof(seq, tree_size)
+        .map_err(proof_problem)?;
+    let root = state.merkle.root_at(tree_size).map_err(proof_problem)?;
+    Ok(axum::Json(json!({
+        "seq": seq,
+        "leaf_index": seq - 1,
+        "tree_size": tree_size,
+        "root_hash": hex::encode(root),
+        "hashes": hex_list(&hashes),
+    }))
+    .into_response())
+}
+
+/// `GET /v1/audit/proofs/consistency?from=&to=`.
+async fn consistency(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    query: Params,
+) -> Result<Response, Problem> {
+    let caller = regulator(&state, &headers)?;
+    let p = params(query, &["from", "to"])?;
+    for required in ["from", "to"] {
+        if !p.contains_key(required) {
+            return Err(Problem::bad_request(format!(
+                "query parameter {required} is required"
+            )));
+        }
+    }
+    let from = parse_u64(&p, "from", 0)?;
+    let to = parse_u64(&p, "to", 0)?;
+    record_access(&state, &caller, "consistency_proof", json!(p)).await?;
+    let hashes = state
+        .merkle
+        .consistency_proof(from, to)
+        .map_err(proof_problem)?;
+    Ok(axum::Json(json!({
+        "from": from,
+        "to": to,
+        "from_root": hex::encode(state.merkle.root_at(from).map_err(proof_problem)?),
+        "to_root": hex::encode(state.merkle.root_at(to).map_err(proof_problem)?),
+        "hashes": hex_list(&hashes),
+    }))
+    .into_response())
+}
