@@ -36,6 +36,12 @@ pub enum LedgerError {
         number: String,
     },
 
+    #[error("payload member {member:?} is given both as a public and as a personal field")]
+    PersonalConflict { member: String },
+
+    #[error("event {event_id} has no personal field {member:?}")]
+    NoSuchPersonalField { event_id: Uuid, member: String },
+
     #[error("invalid filter: {0}")]
     InvalidFilter(String),
 
@@ -102,6 +108,7 @@ impl LedgerError {
                 | LedgerError::TooManyEvents { .. }
                 | LedgerError::DuplicateStream { .. }
                 | LedgerError::InvalidFilter(_)
+                | LedgerError::PersonalConflict { .. }
         )
     }
 

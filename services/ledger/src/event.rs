@@ -70,6 +70,10 @@ pub struct NewEvent {
     /// Actor, trace id, causation / correlation ids, snapshot id, request id, tenant tag.
     #[serde(default = "empty_object")]
     pub metadata: serde_json::Value,
+    /// Payload members that are personal data: hashed only as salted commitments and kept
+    /// beside the chain so that they can be erased (see [`crate::personal`]).
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub personal: serde_json::Map<String, serde_json::Value>,
 }
 
 fn default_schema_version() -> u32 {
@@ -89,7 +93,14 @@ impl NewEvent {
             schema_version: 1,
             payload,
             metadata: empty_object(),
+            personal: serde_json::Map::new(),
         }
+    }
+
+    /// Adds payload members that are personal data (erasable; see [`crate::personal`]).
+    pub fn with_personal(mut self, personal: serde_json::Map<String, serde_json::Value>) -> Self {
+        self.personal = personal;
+        self
     }
 
     pub fn with_metadata(mut self, metadata: serde_json::Value) -> Self {
@@ -116,6 +127,7 @@ pub(crate) struct ValidEvent {
     pub schema_version: u32,
     pub payload: String,
     pub metadata: String,
+    pub personal: Vec<crate::personal::PersonalField>,
 }
 
 /// Checks a stream id: 1..=256 bytes, no control characters, no surrounding whitespace.
@@ -173,8 +185,15 @@ fn printable(s: &str) -> String {
 }
 
 impl NewEvent {
-    pub(crate) fn validate(self, max_payload_bytes: usize) -> Result<ValidEvent, LedgerError> {
+    pub(crate) fn validate(mut self, max_payload_bytes: usize) -> Result<ValidEvent, LedgerError> {
         validate_event_type(&self.event_type)?;
+        check_numbers(
+            "personal",
+            &serde_json::Value::Object(self.personal.clone()),
+            &mut String::from("$"),
+        )?;
+        let personal =
+            crate::personal::seal(&mut self.payload, std::mem::take(&mut self.personal))?;
         let payload = canonical_object("payload", &self.payload, max_payload_bytes)?;
         let metadata = canonical_object("metadata", &self.metadata, MAX_METADATA_BYTES)?;
         Ok(ValidEvent {
@@ -183,6 +202,7 @@ impl NewEvent {
             schema_version: self.schema_version,
             payload,
             metadata,
+            personal,
         })
     }
 }
@@ -367,7 +387,7 @@ mod tests {
         /// verifier that re-parses computes the same hash.
         #[test]
         fn validation_never_panics_and_canonical_text_is_stable(payload in json_value(), metadata in json_value()) {
-            let event = NewEvent { event_id: None, event_type: "E".into(), schema_version: 1, payload: payload.clone(), metadata };
+            let event = NewEvent { event_id: None, event_type: "E".into(), schema_version: 1, payload: payload.clone(), metadata, personal: Default::default() };
             match event.validate(DEFAULT_MAX_PAYLOAD_BYTES) {
                 Ok(valid) => {
                     prop_assert!(payload.is_object());

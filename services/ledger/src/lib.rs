@@ -13,6 +13,7 @@ pub mod event;
 pub mod hashing;
 pub mod merkle;
 pub mod merkle_log;
+pub mod personal;
 mod store;
 pub mod subscription;
 #[cfg(feature = "testing")]

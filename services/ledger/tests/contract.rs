@@ -112,6 +112,7 @@ contract!(
     two_writers_on_one_database_keep_one_chain,
     filtered_queries_select_by_type_prefix_metadata_and_time,
     merkle_log_follows_the_ledger_and_proves_inclusion,
+    personal_data_is_committed_and_redactable_without_breaking_the_chain,
 );
 
 async fn appended_events_read_back_chained<F, Fut>(open: F)
@@ -1083,5 +1084,158 @@ where
     verify_consistency(20, 25, &root(&hashes), &root(&all), &proof).unwrap();
     assert!(log.inclusion_proof(26, 25).is_err());
     assert!(log.inclusion_proof(0, 25).is_err());
+    h.finish().await;
+}
+
+async fn personal_data_is_committed_and_redactable_without_breaking_the_chain<F, Fut>(open: F)
+where
+    F: Fn(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = Harness>,
+{
+    use aether_ledger::personal::{REDACTION_EVENT_TYPE, REDACTION_STREAM};
+    let h = open(StoreConfig::default()).await;
+    let personal =
+        json!({"beneficiary": "Ada Lovelace", "account": {"iban": "GB29NWBK60161331926819"}});
+    let committed = h
+        .store
+        .append(
+            "clearing/m1",
+            ExpectedVersion::Any,
+            vec![
+                NewEvent::new("ClearingDecided", json!({"amount_minor": 100}))
+                    .with_personal(personal.as_object().unwrap().clone()),
+            ],
+        )
+        .await
+        .unwrap();
+    let event = h
+        .store
+        .read_all(committed[0].seq, 1)
+        .await
+        .unwrap()
+        .remove(0);
+    // The hashed payload holds commitments, never the values.
+    assert!(
+        !event.payload.get().contains("Lovelace"),
+        "{}",
+        event.payload.get()
+    );
+    assert!(event.payload.get().contains("$personal"));
+    let fields = h.store.personal_fields(&event).await.unwrap();
+    assert_eq!(fields.len(), 2);
+    let name = fields.iter().find(|f| f.member == "beneficiary").unwrap();
+    assert_eq!(name.value_json().unwrap(), json!("Ada Lovelace"));
+
+    // The side table refuses edits.
+    let err = h
+        .raw("UPDATE personal_data SET value = '\"Eve\"'")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("never changed"), "{err}");
+
+    // Redaction: recorded, value gone, chain intact.
+    let redaction = h
+        .store
+        .redact(
+            &event,
+            "beneficiary",
+            "erasure request 2026-117",
+            "regulator:abcd",
+        )
+        .await
+        .unwrap();
+    let record = h.store.read_all(redaction.seq, 1).await.unwrap().remove(0);
+    assert_eq!(record.event_type, REDACTION_EVENT_TYPE);
+    assert_eq!(record.stream_id, REDACTION_STREAM);
+    assert_eq!(record.payload_value().unwrap()["member"], "beneficiary");
+    assert_eq!(record.metadata_value().unwrap()["actor"], "regulator:abcd");
+    let left = h.store.personal_fields(&event).await.unwrap();
+    assert_eq!(
+        left.iter().map(|f| f.member.as_str()).collect::<Vec<_>>(),
+        vec!["account"]
+    );
+    let err = h
+        .store
+        .redact(&event, "beneficiary", "again", "x")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, LedgerError::NoSuchPersonalField { .. }),
+        "{err}"
+    );
+    let report = verify_store(&h.store, None, |_| {}).await.unwrap();
+    assert!(report.is_ok(), "{:?}", report.failure);
+
+    // A swapped value no longer matches its commitment and is reported, not served.
+    h.raw("DELETE FROM personal_data WHERE member = 'account'")
+        .await
+        .unwrap();
+    let forged = format!(
+        "INSERT INTO personal_data (event_id, member, value, salt) SELECT event_id, 'account', '{{\"iban\":\"XX\"}}', {} FROM events WHERE seq = {}",
+        if h.store.postgres_pool().is_some() {
+            "'\\x00000000000000000000000000000000'::bytea"
+        } else {
+            "zeroblob(16)"
+        },
+        event.seq
+    );
+    h.raw(&forged).await.unwrap();
+    let err = h.store.personal_fields(&event).await.unwrap_err();
+    assert!(
+        err.to_string().contains("does not match the commitment"),
+        "{err}"
+    );
+
+    // A name given both as public and personal is refused.
+    let err = h
+        .store
+        .append(
+            "clearing/m1",
+            ExpectedVersion::Any,
+            vec![
+                NewEvent::new("ClearingDecided", json!({"beneficiary": "x"}))
+                    .with_personal(json!({"beneficiary": "y"}).as_object().unwrap().clone()),
+            ],
+        )
+        .await
+        .unwrap_err();
+    assert!(err.is_input_error(), "{err}");
+
+    // A crash between the redaction record and the deletion is finished on the next open.
+    let c = h
+        .store
+        .append(
+            "clearing/m2",
+            ExpectedVersion::Any,
+            vec![
+                NewEvent::new("ClearingDecided", json!({})).with_personal(
+                    json!({"beneficiary": "Grace Hopper"})
+                        .as_object()
+                        .unwrap()
+                        .clone(),
+                ),
+            ],
+        )
+        .await
+        .unwrap();
+    let victim = h.store.read_all(c[0].seq, 1).await.unwrap().remove(0);
+    h.store
+        .append(
+            REDACTION_STREAM,
+            ExpectedVersion::Any,
+            vec![NewEvent::new(
+                REDACTION_EVENT_TYPE,
+                json!({"event_id": victim.event_id, "member": "beneficiary"}),
+            )],
+        )
+        .await
+        .unwrap();
+    assert_eq!(h.store.personal_fields(&victim).await.unwrap().len(), 1);
+    let reopened = EventStore::connect(&h.url, StoreConfig::default())
+        .await
+        .unwrap();
+    assert!(reopened.personal_fields(&victim).await.unwrap().is_empty());
+    reopened.shutdown().await;
     h.finish().await;
 }

@@ -36,6 +36,7 @@ use crate::event::{
     validate_stream_id,
 };
 use crate::hashing::Hash;
+use crate::personal::{PersonalField, REDACTION_EVENT_TYPE, REDACTION_STREAM, placeholder};
 use crate::subscription::Subscription;
 use crate::writer::{self, WriterMsg};
 use plan::StreamAppend;
@@ -225,6 +226,15 @@ impl EventStore {
     }
 
     async fn start(db: Db, config: StoreConfig) -> Result<Self, LedgerError> {
+        let store = Self::start_writer(db, config).await?;
+        let finished = store.reapply_redactions().await?;
+        if finished > 0 {
+            tracing::warn!(finished, "finished redactions interrupted by a crash");
+        }
+        Ok(store)
+    }
+
+    async fn start_writer(db: Db, config: StoreConfig) -> Result<Self, LedgerError> {
         let head = match &db {
             Db::Postgres(p) => postgres::head(p).await?,
             Db::Sqlite(p) => sqlite::head(p).await?,
@@ -454,6 +464,120 @@ impl EventStore {
             position + 1,
             Some(name.to_owned()),
         ))
+    }
+
+    /// The personal values of `event` still held (not redacted), each checked against the
+    /// commitment the event carries.
+    pub async fn personal_fields(
+        &self,
+        event: &RecordedEvent,
+    ) -> Result<Vec<PersonalField>, LedgerError> {
+        let rows = match &self.inner.db {
+            Db::Postgres(p) => postgres::personal_fields(p, event.event_id).await?,
+            Db::Sqlite(p) => sqlite::personal_fields(p, event.event_id).await?,
+        };
+        let payload = event.payload_value().map_err(|e| LedgerError::CorruptRow {
+            seq: event.seq as i64,
+            reason: format!("payload is not JSON: {e}"),
+        })?;
+        rows.into_iter()
+            .map(|(member, value, salt)| {
+                let corrupt = |reason: String| LedgerError::CorruptRow {
+                    seq: event.seq as i64,
+                    reason,
+                };
+                let salt: [u8; 16] = salt
+                    .try_into()
+                    .map_err(|_| corrupt(format!("personal field {member:?} has a bad salt")))?;
+                let field = PersonalField {
+                    member,
+                    value,
+                    salt,
+                };
+                if placeholder(&payload, &field.member) != Some(field.commitment()) {
+                    return Err(corrupt(format!(
+                        "personal field {:?} does not match the commitment in the event",
+                        field.member
+                    )));
+                }
+                Ok(field)
+            })
+            .collect()
+    }
+
+    /// Erases one personal value of `event`: appends a `RedactionApplied` event naming the
+    /// event, member, commitment, reason and actor, then deletes the value. The chain and
+    /// every proof still verify; the commitment stays.
+    pub async fn redact(
+        &self,
+        event: &RecordedEvent,
+        member: &str,
+        reason: &str,
+        actor: &str,
+    ) -> Result<Committed, LedgerError> {
+        let held = self.personal_fields(event).await?;
+        let field = held.iter().find(|f| f.member == member).ok_or_else(|| {
+            LedgerError::NoSuchPersonalField {
+                event_id: event.event_id,
+                member: member.to_owned(),
+            }
+        })?;
+        let record = NewEvent::new(
+            REDACTION_EVENT_TYPE,
+            serde_json::json!({
+                "event_id": event.event_id,
+                "seq": event.seq,
+                "member": member,
+                "commitment": hex::encode(field.commitment()),
+                "reason": reason,
+            }),
+        )
+        .with_metadata(serde_json::json!({ "actor": actor }));
+        let committed = self
+            .append(REDACTION_STREAM, ExpectedVersion::Any, vec![record])
+            .await?
+            .into_iter()
+            .next()
+            .ok_or(LedgerError::WriterClosed)?;
+        self.delete_personal_field(event.event_id, member).await?;
+        Ok(committed)
+    }
+
+    async fn delete_personal_field(
+        &self,
+        event_id: Uuid,
+        member: &str,
+    ) -> Result<u64, LedgerError> {
+        match &self.inner.db {
+            Db::Postgres(p) => postgres::delete_personal_field(p, event_id, member).await,
+            Db::Sqlite(p) => sqlite::delete_personal_field(p, event_id, member).await,
+        }
+    }
+
+    /// Finishes redactions whose event was committed but whose deletion did not happen
+    /// (a crash between the two); runs when a store opens.
+    async fn reapply_redactions(&self) -> Result<u64, LedgerError> {
+        let filter = EventFilter {
+            event_type: Some(REDACTION_EVENT_TYPE.to_owned()),
+            stream_prefix: Some(REDACTION_STREAM.to_owned()),
+            ..EventFilter::default()
+        };
+        let mut after = 0;
+        let mut deleted = 0;
+        loop {
+            let page = self.query(&filter, after, 1000).await?;
+            let Some(last) = page.last() else {
+                return Ok(deleted);
+            };
+            after = last.seq;
+            for e in &page {
+                let p = e.payload_value().unwrap_or_default();
+                let id = p["event_id"].as_str().and_then(|s| Uuid::parse_str(s).ok());
+                if let (Some(id), Some(member)) = (id, p["member"].as_str()) {
+                    deleted += self.delete_personal_field(id, member).await?;
+                }
+            }
+        }
     }
 
     /// The last seq a named subscriber stored as processed.

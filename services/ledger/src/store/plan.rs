@@ -41,6 +41,8 @@ pub(crate) struct EventRow {
     pub recorded_at: DateTime<Utc>,
     pub prev_hash: Hash,
     pub hash: Hash,
+    /// Side rows of the event's personal members.
+    pub personal: Vec<crate::personal::PersonalField>,
 }
 
 pub(crate) type RequestOutcome = Result<Vec<Committed>, LedgerError>;
@@ -125,6 +127,7 @@ pub(crate) fn plan_batch(
                     recorded_at,
                     prev_hash,
                     hash,
+                    personal: event.personal.clone(),
                 });
                 prev_hash = hash;
                 next_seq += 1;

@@ -64,8 +64,63 @@ pub(crate) async fn read_versions(
 /// transaction, so the batch costs one round trip. The primary key on `seq` and the unique
 /// `(stream_id, stream_version)` make a concurrent writer's batch fail rather than fork.
 pub(crate) async fn insert_rows(pool: &PgPool, rows: &[EventRow]) -> Result<(), sqlx::Error> {
-    let mut conn = pool.acquire().await?;
-    insert(&mut conn, rows).await
+    if rows.iter().all(|r| r.personal.is_empty()) {
+        let mut conn = pool.acquire().await?;
+        return insert(&mut conn, rows).await;
+    }
+    // Events with personal members: their side rows commit with them.
+    let mut tx = pool.begin().await?;
+    insert(&mut tx, rows).await?;
+    for row in rows {
+        for f in &row.personal {
+            sqlx::query(
+                "INSERT INTO personal_data (event_id, member, value, salt) VALUES ($1, $2, $3, $4)",
+            )
+            .bind(row.event_id)
+            .bind(&f.member)
+            .bind(&f.value)
+            .bind(f.salt.as_slice())
+            .execute(&mut *tx)
+            .await?;
+        }
+    }
+    tx.commit().await
+}
+
+pub(crate) async fn personal_fields(
+    pool: &PgPool,
+    event_id: uuid::Uuid,
+) -> Result<Vec<(String, String, Vec<u8>)>, LedgerError> {
+    let rows = sqlx::query(
+        "SELECT member, value, salt FROM personal_data WHERE event_id = $1 ORDER BY member",
+    )
+    .bind(event_id)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok((
+                r.try_get("member")?,
+                r.try_get("value")?,
+                r.try_get("salt")?,
+            ))
+        })
+        .collect()
+}
+
+pub(crate) async fn delete_personal_field(
+    pool: &PgPool,
+    event_id: uuid::Uuid,
+    member: &str,
+) -> Result<u64, LedgerError> {
+    Ok(
+        sqlx::query("DELETE FROM personal_data WHERE event_id = $1 AND member = $2")
+            .bind(event_id)
+            .bind(member)
+            .execute(pool)
+            .await?
+            .rows_affected(),
+    )
 }
 
 async fn insert(tx: &mut sqlx::PgConnection, rows: &[EventRow]) -> Result<(), sqlx::Error> {

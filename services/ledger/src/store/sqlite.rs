@@ -81,7 +81,56 @@ pub(crate) async fn insert_rows(pool: &SqlitePool, rows: &[EventRow]) -> Result<
     for chunk in rows.chunks(ROWS_PER_INSERT) {
         insert(&mut tx, chunk).await?;
     }
+    for row in rows {
+        for f in &row.personal {
+            sqlx::query(
+                "INSERT INTO personal_data (event_id, member, value, salt) VALUES (?, ?, ?, ?)",
+            )
+            .bind(row.event_id)
+            .bind(&f.member)
+            .bind(&f.value)
+            .bind(f.salt.as_slice())
+            .execute(&mut *tx)
+            .await?;
+        }
+    }
     tx.commit().await
+}
+
+pub(crate) async fn personal_fields(
+    pool: &SqlitePool,
+    event_id: uuid::Uuid,
+) -> Result<Vec<(String, String, Vec<u8>)>, LedgerError> {
+    let rows = sqlx::query(
+        "SELECT member, value, salt FROM personal_data WHERE event_id = ? ORDER BY member",
+    )
+    .bind(event_id)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok((
+                r.try_get("member")?,
+                r.try_get("value")?,
+                r.try_get("salt")?,
+            ))
+        })
+        .collect()
+}
+
+pub(crate) async fn delete_personal_field(
+    pool: &SqlitePool,
+    event_id: uuid::Uuid,
+    member: &str,
+) -> Result<u64, LedgerError> {
+    Ok(
+        sqlx::query("DELETE FROM personal_data WHERE event_id = ? AND member = ?")
+            .bind(event_id)
+            .bind(member)
+            .execute(pool)
+            .await?
+            .rows_affected(),
+    )
 }
 
 async fn insert(tx: &mut sqlx::SqliteConnection, rows: &[EventRow]) -> Result<(), sqlx::Error> {
