@@ -224,3 +224,65 @@ async fn regulator_queries_are_proven_and_recorded() {
             .any(|e| e["payload"]["query"] == "event" && e["payload"]["details"]["seq"] == seq)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn personal_data_is_shown_to_regulators_and_erased_on_redaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &[]);
+    let client = http();
+    let resp: Value = client
+        .post(server.url("/v1/events"))
+        .bearer_auth(OPERATOR_TOKEN)
+        .json(&json!({
+            "stream_id": "clearing/m-7",
+            "events": [{"event_type": "ClearingDecided", "payload": {"amount_minor": 10},
+                        "personal": {"beneficiary": "Ada Lovelace"}}]
+        }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let seq = resp["committed"][0]["seq"].as_u64().unwrap();
+
+    let (_, body) = get(&server, &format!("/v1/audit/events/{seq}"), REGULATOR_TOKEN).await;
+    assert!(
+        !body["event"]["payload"].to_string().contains("Lovelace"),
+        "{body}"
+    );
+    assert_eq!(body["personal"][0]["member"], "beneficiary");
+    assert_eq!(body["personal"][0]["value"], "\"Ada Lovelace\"");
+
+    let redact = |token: &'static str, reason: &str| {
+        client
+            .post(server.url("/v1/redactions"))
+            .bearer_auth(token)
+            .json(&json!({"seq": seq, "member": "beneficiary", "reason": reason}))
+            .send()
+    };
+    assert_eq!(
+        redact(REGULATOR_TOKEN, "erasure").await.unwrap().status(),
+        403
+    );
+    assert_eq!(redact(OPERATOR_TOKEN, " ").await.unwrap().status(), 422);
+    assert_eq!(
+        redact(OPERATOR_TOKEN, "erasure request 17")
+            .await
+            .unwrap()
+            .status(),
+        201
+    );
+    assert_eq!(redact(OPERATOR_TOKEN, "again").await.unwrap().status(), 404);
+
+    let (_, body) = get(&server, &format!("/v1/audit/events/{seq}"), REGULATOR_TOKEN).await;
+    assert_eq!(body["personal"], json!([]), "{body}");
+    assert!(server.terminate().success());
+    let out = aether_e2e::run_aether(&["verify", "--data-dir", data.to_str().unwrap()], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}

@@ -211,8 +211,12 @@ async fn event(
         }
         _ => json!(null),
     };
+    // Personal values still held, with their salts, so that the regulator can check them
+    // against the commitments in the hashed payload.
+    let personal = state.store.personal_fields(&event).await?;
     Ok(axum::Json(json!({
         "event": event,
+        "personal": personal,
         "inclusion_proof": proof,
         "note": if proof.is_null() {
             "not yet covered by a signed checkpoint; ask again after the next one"

@@ -41,6 +41,7 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/events", get(list_events).post(append_events))
         .route("/v1/events/{seq}", get(get_event))
+        .route("/v1/redactions", axum::routing::post(redact))
         .merge(crate::audit_http::routes())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -368,6 +369,67 @@ async fn append_events(
     Ok((
         StatusCode::CREATED,
         axum::Json(json!({ "committed": committed })),
+    )
+        .into_response())
+}
+
+/// `POST /v1/redactions` (operator) `{seq, member, reason}`: erases one personal value.
+async fn redact(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, Problem> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Redaction {
+        seq: u64,
+        member: String,
+        reason: String,
+    }
+    let caller = authorize(&state, &headers, &[Role::Operator])?;
+    let r: Redaction = serde_json::from_slice(&body).map_err(|e| {
+        Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid redaction",
+            format!("expected {{seq, member, reason}}: {e}"),
+        )
+    })?;
+    if r.reason.trim().is_empty() {
+        return Err(Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid redaction",
+            "a redaction needs a reason",
+        ));
+    }
+    let event = state
+        .store
+        .read_all(r.seq, 1)
+        .await?
+        .into_iter()
+        .next()
+        .filter(|e| e.seq == r.seq)
+        .ok_or_else(|| {
+            Problem::new(
+                StatusCode::NOT_FOUND,
+                "Not found",
+                format!("no event at seq {}", r.seq),
+            )
+        })?;
+    let committed = state
+        .store
+        .redact(&event, &r.member, &r.reason, &caller.actor)
+        .await
+        .map_err(|e| match e {
+            LedgerError::NoSuchPersonalField { .. } => Problem::new(
+                StatusCode::NOT_FOUND,
+                "No such personal field",
+                e.to_string(),
+            ),
+            e => e.into(),
+        })?;
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(json!({ "redaction": committed })),
     )
         .into_response())
 }
