@@ -724,7 +724,11 @@ where
     }
     if h.store.postgres_pool().is_some() {
         // CASCADE gets past the personal_data foreign key; the trigger still refuses.
-        let err = h.raw("TRUNCATE events CASCADE").await.unwrap_err().to_string();
+        let err = h
+            .raw("TRUNCATE events CASCADE")
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("append-only"), "{err}");
         assert!(h.raw("TRUNCATE events").await.is_err());
     }

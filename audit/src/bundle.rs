@@ -1,0 +1,521 @@
+//! Evidence bundles: a set of ledger events with everything needed to check them offline
+//! (hashed fields, chain hashes, inclusion proofs, signed checkpoints and the consistency
+//! proofs between them), as one JSON document. `BUNDLE.md` is the format's contract.
+//!
+//! Pure apart from reading and writing a bundle from or to bytes, a reader, a writer or a
+//! file path. Building needs the ledger's in-memory [`MerkleTree`]; checking needs nothing
+//! but the bundle (see [`crate::offline`]).
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use aether_ledger::SignedCheckpoint;
+use aether_ledger::event::RecordedEvent;
+use aether_ledger::hashing::{self, Hash};
+use aether_ledger::merkle::{MerkleTree, ProofError};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// The `format` member of every version 1 bundle.
+pub const FORMAT: &str = "aether.evidence-bundle.v1";
+
+/// Sanity limits applied when a bundle is read: a bundle is attacker-controlled input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadLimits {
+    /// Largest document accepted, in bytes.
+    pub max_bytes: u64,
+    /// Most events accepted.
+    pub max_events: usize,
+    /// Most checkpoints accepted.
+    pub max_checkpoints: usize,
+}
+
+impl Default for ReadLimits {
+    /// 512 MiB, 1,000,000 events, 10,000 checkpoints.
+    fn default() -> Self {
+        ReadLimits {
+            max_bytes: 512 * 1024 * 1024,
+            max_events: 1_000_000,
+            max_checkpoints: 10_000,
+        }
+    }
+}
+
+/// Why a bundle could not be built, read or written. Problems *inside* a well-formed
+/// bundle are not errors: [`crate::offline::verify_bundle`] reports them.
+#[derive(Debug, thiserror::Error)]
+pub enum BundleError {
+    #[error("a bundle needs at least one checkpoint")]
+    NoCheckpoints,
+    #[error(
+        "checkpoints must be in strictly ascending tree size: checkpoint {index} has tree size \
+         {tree_size}, not above the previous {previous}"
+    )]
+    CheckpointsNotAscending {
+        index: usize,
+        previous: u64,
+        tree_size: u64,
+    },
+    #[error("checkpoint {index} has tree size 0; a checkpoint must cover at least one event")]
+    EmptyCheckpoint { index: usize },
+    #[error(
+        "checkpoint {index} is signed by key {found}, the anchor by {expected}; a bundle has one signer"
+    )]
+    MixedSigners {
+        index: usize,
+        expected: String,
+        found: String,
+    },
+    #[error(
+        "checkpoint with tree size {tree_size} has root {claimed}, but the tree given has {computed} at that size"
+    )]
+    CheckpointRootMismatch {
+        tree_size: u64,
+        claimed: String,
+        computed: String,
+    },
+    #[error("event seq {seq} lies beyond the anchor checkpoint's tree size {anchor_tree_size}")]
+    EventBeyondAnchor { seq: u64, anchor_tree_size: u64 },
+    #[error("event seq {seq} appears more than once")]
+    DuplicateEvent { seq: u64 },
+    #[error("filters must be a JSON object")]
+    FiltersNotObject,
+    #[error("cannot compute a proof: {0}")]
+    Proof(#[from] ProofError),
+    #[error("bundle is larger than the limit of {limit} bytes")]
+    TooLarge { limit: u64 },
+    #[error("bundle holds {count} {what}, more than the limit of {limit}")]
+    TooManyRecords {
+        what: &'static str,
+        count: usize,
+        limit: usize,
+    },
+    #[error("unsupported bundle format {found:?}; this verifier reads {FORMAT:?}")]
+    UnsupportedFormat { found: String },
+    #[error("bundle is not valid JSON for {FORMAT}: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("cannot {action} {}: {source}", path.display())]
+    File {
+        action: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot read or write the bundle: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// An evidence bundle, `aether.evidence-bundle.v1`.
+///
+/// Only the events' fields, hashes and proofs and the checkpoints are authenticated (by the
+/// checkpoint signatures); `created_at`, `filters` and `lineage` are the exporter's word.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bundle {
+    /// Always [`FORMAT`].
+    pub format: String,
+    /// When the bundle was made; RFC 3339 UTC with six fractional digits.
+    #[serde(serialize_with = "hashing::serialize_timestamp")]
+    pub created_at: DateTime<Utc>,
+    /// What was asked for (a JSON object); free form, not authenticated.
+    pub filters: serde_json::Value,
+    /// The checkpoint signer's SM2 public key: SEC1 uncompressed, lowercase hex.
+    #[serde(deserialize_with = "strict::lower_hex_string")]
+    pub public_key: String,
+    /// Signed tree heads in strictly ascending tree size; the last is the anchor.
+    #[serde(deserialize_with = "strict::checkpoints")]
+    pub checkpoints: Vec<SignedCheckpoint>,
+    /// `consistency[i]` links `checkpoints[i]` to `checkpoints[i + 1]`.
+    pub consistency: Vec<ConsistencyProof>,
+    /// Events in strictly ascending seq, each with its inclusion proof against the anchor.
+    pub events: Vec<BundleEvent>,
+    /// Opaque records linking events to lineage (OpenLineage run, Delta version); not
+    /// authenticated and not checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<Vec<serde_json::Value>>,
+}
+
+/// RFC 9162 consistency proof between two consecutive checkpoints of a bundle.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsistencyProof {
+    /// Tree size of the earlier checkpoint.
+    pub old_size: u64,
+    /// Tree size of the later checkpoint.
+    pub new_size: u64,
+    /// `PROOF(old_size, D[new_size])`, lowercase hex.
+    #[serde(with = "strict::hash_list")]
+    pub proof: Vec<Hash>,
+}
+
+/// One ledger event with every hashed field, exactly as hashed, and its inclusion proof.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BundleEvent {
+    pub seq: u64,
+    pub stream_id: String,
+    pub stream_version: u64,
+    /// UUID, lowercase hyphenated.
+    pub event_id: String,
+    pub event_type: String,
+    pub schema_version: u32,
+    /// RFC 8785 text of the payload object: the exact bytes hashed.
+    pub payload: String,
+    /// RFC 8785 text of the metadata object: the exact bytes hashed.
+    pub metadata: String,
+    /// RFC 3339 UTC, exactly six fractional digits and `Z`: the exact text hashed.
+    pub recorded_at: String,
+    #[serde(with = "strict::hash")]
+    pub prev_hash: Hash,
+    #[serde(with = "strict::hash")]
+    pub hash: Hash,
+    /// `PATH(seq − 1, D[anchor tree size])`, leaf to root, lowercase hex.
+    #[serde(with = "strict::hash_list")]
+    pub inclusion_proof: Vec<Hash>,
+}
+
+impl BundleEvent {
+    /// The bundle form of a recorded event, with its inclusion proof.
+    pub fn from_recorded(event: &RecordedEvent, inclusion_proof: Vec<Hash>) -> Self {
+        BundleEvent {
+            seq: event.seq,
+            stream_id: event.stream_id.clone(),
+            stream_version: event.stream_version,
+            event_id: event.event_id.hyphenated().to_string(),
+            event_type: event.event_type.clone(),
+            schema_version: event.schema_version,
+            payload: event.payload.get().to_owned(),
+            metadata: event.metadata.get().to_owned(),
+            recorded_at: hashing::format_timestamp(&event.recorded_at),
+            prev_hash: event.prev_hash,
+            hash: event.hash,
+            inclusion_proof,
+        }
+    }
+}
+
+impl Bundle {
+    /// Builds a bundle of `events` (any order; sorted by seq here) proven against the last
+    /// of `checkpoints` (the anchor), with consistency proofs between consecutive
+    /// checkpoints, all computed from `tree`, the ledger's Merkle tree over at least the
+    /// anchor's tree size.
+    ///
+    /// Checks that checkpoints are strictly ascending, share one signer and match `tree`,
+    /// and that every event lies within the anchor. It does not check signatures or event
+    /// hashes: [`crate::offline::verify_bundle`] does, on the result.
+    pub fn build(
+        mut events: Vec<RecordedEvent>,
+        tree: &MerkleTree,
+        checkpoints: Vec<SignedCheckpoint>,
+        filters: serde_json::Value,
+        created_at: DateTime<Utc>,
+    ) -> Result<Bundle, BundleError> {
+        if !filters.is_object() {
+            return Err(BundleError::FiltersNotObject);
+        }
+        let Some(anchor) = checkpoints.last() else {
+            return Err(BundleError::NoCheckpoints);
+        };
+        let public_key = anchor.public_key.clone();
+        let mut previous: Option<u64> = None;
+        for (index, checkpoint) in checkpoints.iter().enumerate() {
+            if checkpoint.tree_size == 0 {
+                return Err(BundleError::EmptyCheckpoint { index });
+            }
+            if let Some(previous) = previous
+                && checkpoint.tree_size <= previous
+            {
+                return Err(BundleError::CheckpointsNotAscending {
+                    index,
+                    previous,
+                    tree_size: checkpoint.tree_size,
+                });
+            }
+            previous = Some(checkpoint.tree_size);
+            if checkpoint.public_key != public_key {
+                return Err(BundleError::MixedSigners {
+                    index,
+                    expected: public_key,
+                    found: checkpoint.public_key.clone(),
+                });
+            }
+            let computed = tree.root_at(checkpoint.tree_size)?;
+            if computed != checkpoint.root_hash {
+                return Err(BundleError::CheckpointRootMismatch {
+                    tree_size: checkpoint.tree_size,
+                    claimed: hex::encode(checkpoint.root_hash),
+                    computed: hex::encode(computed),
+                });
+            }
+        }
+        let anchor_tree_size = anchor.tree_size;
+
+        let consistency = checkpoints
+            .windows(2)
+            .filter_map(|pair| match pair {
+                [old, new] => Some((old.tree_size, new.tree_size)),
+                _ => None,
+            })
+            .map(|(old_size, new_size)| {
+                Ok(ConsistencyProof {
+                    old_size,
+                    new_size,
+                    proof: tree.consistency_proof(old_size, new_size)?,
+                })
+            })
+            .collect::<Result<Vec<_>, BundleError>>()?;
+
+        events.sort_by_key(|e| e.seq);
+        let mut bundle_events = Vec::with_capacity(events.len());
+        let mut last_seq = None;
+        for event in &events {
+            if last_seq == Some(event.seq) {
+                return Err(BundleError::DuplicateEvent { seq: event.seq });
+            }
+            last_seq = Some(event.seq);
+            if event.seq == 0 || event.seq > anchor_tree_size {
+                return Err(BundleError::EventBeyondAnchor {
+                    seq: event.seq,
+                    anchor_tree_size,
+                });
+            }
+            let proof = tree.inclusion_proof(event.seq - 1, anchor_tree_size)?;
+            bundle_events.push(BundleEvent::from_recorded(event, proof));
+        }
+
+        Ok(Bundle {
+            format: FORMAT.to_owned(),
+            created_at,
+            filters,
+            public_key,
+            checkpoints,
+            consistency,
+            events: bundle_events,
+            lineage: None,
+        })
+    }
+
+    /// Attaches lineage records (opaque to this crate).
+    pub fn with_lineage(mut self, lineage: Vec<serde_json::Value>) -> Self {
+        self.lineage = Some(lineage);
+        self
+    }
+
+    /// The anchor: the last checkpoint, against which every inclusion proof is made.
+    pub fn anchor(&self) -> Option<&SignedCheckpoint> {
+        self.checkpoints.last()
+    }
+
+    /// Compact JSON.
+    pub fn to_vec(&self) -> Result<Vec<u8>, BundleError> {
+        Ok(serde_json::to_vec(self)?)
+    }
+
+    /// Pretty JSON (two-space indent) with a final newline.
+    pub fn to_vec_pretty(&self) -> Result<Vec<u8>, BundleError> {
+        let mut out = serde_json::to_vec_pretty(self)?;
+        out.push(b'\n');
+        Ok(out)
+    }
+
+    /// Writes the bundle as JSON, compact or pretty.
+    pub fn to_writer(&self, mut writer: impl Write, pretty: bool) -> Result<(), BundleError> {
+        let bytes = if pretty {
+            self.to_vec_pretty()?
+        } else {
+            self.to_vec()?
+        };
+        writer.write_all(&bytes)?;
+        writer.flush()?;
+        Ok(())
+    }
+
+    /// Writes the bundle to a file (created or truncated), compact or pretty.
+    pub fn write_file(&self, path: &Path, pretty: bool) -> Result<(), BundleError> {
+        let file_error = |source| BundleError::File {
+            action: "write",
+            path: path.to_owned(),
+            source,
+        };
+        let mut file = std::fs::File::create(path).map_err(file_error)?;
+        self.to_writer(&mut file, pretty).map_err(|e| match e {
+            BundleError::Io(source) => file_error(source),
+            other => other,
+        })?;
+        file.sync_all().map_err(file_error)
+    }
+
+    /// Parses a bundle with the default [`ReadLimits`].
+    pub fn from_slice(bytes: &[u8]) -> Result<Bundle, BundleError> {
+        Self::from_slice_with_limits(bytes, &ReadLimits::default())
+    }
+
+    /// Parses a bundle: size limit, strict JSON (unknown members are refused, hex must be
+    /// lowercase), the v1 format tag, then the record-count limits. Never panics.
+    pub fn from_slice_with_limits(
+        bytes: &[u8],
+        limits: &ReadLimits,
+    ) -> Result<Bundle, BundleError> {
+        if bytes.len() as u64 > limits.max_bytes {
+            return Err(BundleError::TooLarge {
+                limit: limits.max_bytes,
+            });
+        }
+        let bundle: Bundle = match serde_json::from_slice(bytes) {
+            Ok(bundle) => bundle,
+            Err(e) => {
+                // A newer format fails on its new members: say so rather than which member.
+                return Err(match probe_format(bytes) {
+                    Some(found) if found != FORMAT => BundleError::UnsupportedFormat { found },
+                    _ => BundleError::Json(e),
+                });
+            }
+        };
+        if bundle.format != FORMAT {
+            return Err(BundleError::UnsupportedFormat {
+                found: bundle.format,
+            });
+        }
+        for (what, count, limit) in [
+            ("events", bundle.events.len(), limits.max_events),
+            (
+                "checkpoints",
+                bundle.checkpoints.len(),
+                limits.max_checkpoints,
+            ),
+        ] {
+            if count > limit {
+                return Err(BundleError::TooManyRecords { what, count, limit });
+            }
+        }
+        Ok(bundle)
+    }
+
+    /// Reads and parses a bundle, reading at most `limits.max_bytes` (+1 to detect more).
+    pub fn from_reader(reader: impl Read, limits: &ReadLimits) -> Result<Bundle, BundleError> {
+        let mut bytes = Vec::new();
+        reader
+            .take(limits.max_bytes.saturating_add(1))
+            .read_to_end(&mut bytes)?;
+        Self::from_slice_with_limits(&bytes, limits)
+    }
+
+    /// Reads and parses a bundle file.
+    pub fn read_file(path: &Path, limits: &ReadLimits) -> Result<Bundle, BundleError> {
+        let file_error = |source| BundleError::File {
+            action: "read",
+            path: path.to_owned(),
+            source,
+        };
+        let file = std::fs::File::open(path).map_err(file_error)?;
+        if file.metadata().map_err(file_error)?.len() > limits.max_bytes {
+            return Err(BundleError::TooLarge {
+                limit: limits.max_bytes,
+            });
+        }
+        Self::from_reader(file, limits).map_err(|e| match e {
+            BundleError::Io(source) => file_error(source),
+            other => other,
+        })
+    }
+}
+
+/// The `format` member of a JSON document, if it has a string one.
+fn probe_format(bytes: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Probe {
+        format: String,
+    }
+    serde_json::from_slice::<Probe>(bytes)
+        .ok()
+        .map(|p| p.format)
+}
+
+/// Strict deserializers: hashes are exactly 64 lowercase hex digits, key and signature
+/// strings are lowercase hex, checkpoints have no unknown members. Writing uses the plain
+/// encodings, which are all lowercase.
+mod strict {
+    use super::{Hash, SignedCheckpoint};
+    use serde::de::Error;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    fn is_lower_hex(s: &str) -> bool {
+        s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    }
+
+    /// Exactly 64 lowercase hex digits.
+    pub fn parse_hash(s: &str) -> Result<Hash, String> {
+        if s.len() != 64 || !is_lower_hex(s) {
+            return Err(format!(
+                "expected a hash of 64 lowercase hex digits, got {:?}",
+                s.chars().take(80).collect::<String>()
+            ));
+        }
+        let mut out = [0u8; 32];
+        hex::decode_to_slice(s, &mut out).map_err(|e| e.to_string())?;
+        Ok(out)
+    }
+
+    pub fn lower_hex_string<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+        let s = String::deserialize(d)?;
+        if !is_lower_hex(&s) {
+            return Err(D::Error::custom("expected lowercase hex digits"));
+        }
+        Ok(s)
+    }
+
+    pub mod hash {
+        use super::*;
+
+        pub fn serialize<S: Serializer>(h: &Hash, s: S) -> Result<S::Ok, S::Error> {
+            s.serialize_str(&hex::encode(h))
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Hash, D::Error> {
+            parse_hash(&String::deserialize(d)?).map_err(D::Error::custom)
+        }
+    }
+
+    pub mod hash_list {
+        use super::*;
+
+        pub fn serialize<S: Serializer>(hashes: &[Hash], s: S) -> Result<S::Ok, S::Error> {
+            s.collect_seq(hashes.iter().map(hex::encode))
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Hash>, D::Error> {
+            Vec::<String>::deserialize(d)?
+                .iter()
+                .map(|s| parse_hash(s).map_err(D::Error::custom))
+                .collect()
+        }
+    }
+
+    /// A checkpoint as it must appear in a bundle.
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Checkpoint {
+        tree_size: u64,
+        #[serde(with = "hash")]
+        root_hash: Hash,
+        signed_at: String,
+        #[serde(deserialize_with = "lower_hex_string")]
+        signature: String,
+        #[serde(deserialize_with = "lower_hex_string")]
+        public_key: String,
+    }
+
+    pub fn checkpoints<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<SignedCheckpoint>, D::Error> {
+        Ok(Vec::<Checkpoint>::deserialize(d)?
+            .into_iter()
+            .map(|c| SignedCheckpoint {
+                tree_size: c.tree_size,
+                root_hash: c.root_hash,
+                signed_at: c.signed_at,
+                signature: c.signature,
+                public_key: c.public_key,
+            })
+            .collect())
+    }
+}
+
+pub use strict::parse_hash;
