@@ -30,7 +30,11 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/audit/checkpoints", get(checkpoints))
         .route("/v1/audit/proofs/inclusion", get(inclusion))
         .route("/v1/audit/proofs/consistency", get(consistency))
+        .route("/v1/audit/exports", axum::routing::post(export))
 }
+
+/// Most events one export may hold (see BENCHMARKS.md for the time it takes).
+const MAX_EXPORT_EVENTS: u64 = 100_000;
 
 type Params = Result<Query<HashMap<String, String>>, QueryRejection>;
 
@@ -330,4 +334,143 @@ async fn consistency(
         "hashes": hex_list(&hashes),
     }))
     .into_response())
+}
+
+/// `POST /v1/audit/exports` with a JSON body of the same filters as `GET /v1/audit/events`
+/// (`from`, `to`, `event_type`, `stream_prefix`, `actor`, `trace_id`, `member`,
+/// `snapshot_id`, `request_id`, and `limit` up to 100,000): an evidence bundle of the
+/// matching events covered by the latest signed checkpoint, with their inclusion proofs.
+async fn export(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, Problem> {
+    let caller = regulator(&state, &headers)?;
+    let filters: serde_json::Map<String, Value> = if body.is_empty() {
+        serde_json::Map::new()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| {
+            Problem::bad_request(format!(
+                "the export body must be a JSON object of filters: {e}"
+            ))
+        })?
+    };
+    let mut p = HashMap::new();
+    for (k, v) in &filters {
+        let text = match v {
+            Value::String(s) => s.clone(),
+            Value::Number(n) => n.to_string(),
+            other => {
+                return Err(Problem::bad_request(format!(
+                    "filter {k:?} must be a string or a number, got {other}"
+                )));
+            }
+        };
+        p.insert(k.clone(), text);
+    }
+    let allowed = [
+        "from",
+        "to",
+        "event_type",
+        "stream_prefix",
+        "actor",
+        "trace_id",
+        "member",
+        "snapshot_id",
+        "request_id",
+        "limit",
+    ];
+    if let Some(unknown) = p.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(Problem::bad_request(format!(
+            "unknown filter {unknown:?}; expected one of {}",
+            allowed.join(", ")
+        )));
+    }
+    let mut metadata = Vec::new();
+    for key in ["actor", "trace_id", "member", "snapshot_id", "request_id"] {
+        if let Some(v) = p.get(key) {
+            metadata.push((key.to_owned(), v.clone()));
+        }
+    }
+    let filter = EventFilter {
+        from: time_param(&p, "from")?,
+        to: time_param(&p, "to")?,
+        event_type: p.get("event_type").cloned(),
+        stream_prefix: p.get("stream_prefix").cloned(),
+        metadata,
+    };
+    filter
+        .validate()
+        .map_err(|e| Problem::bad_request(e.to_string()))?;
+    let limit = parse_u64(&p, "limit", MAX_EXPORT_EVENTS)?;
+    if limit == 0 || limit > MAX_EXPORT_EVENTS {
+        return Err(Problem::bad_request(format!(
+            "limit must be between 1 and {MAX_EXPORT_EVENTS}, got {limit}"
+        )));
+    }
+    let Some((_, anchor)) = latest_checkpoint(&state).await? else {
+        return Err(Problem::new(
+            StatusCode::CONFLICT,
+            "No checkpoint yet",
+            "no signed checkpoint exists yet, so nothing can be proven; retry after the first one",
+        ));
+    };
+    record_access(&state, &caller, "export", Value::Object(filters.clone())).await?;
+    let mut events = Vec::new();
+    let mut after = 0;
+    while (events.len() as u64) < limit {
+        let want = (limit - events.len() as u64).min(MAX_PAGE) as u32;
+        let page = state.store.query(&filter, after, want).await?;
+        let Some(last) = page.last() else { break };
+        after = last.seq;
+        let covered: Vec<RecordedEvent> = page
+            .into_iter()
+            .filter(|e| e.seq <= anchor.tree_size)
+            .collect();
+        let reached_anchor = covered.len() < want as usize || after >= anchor.tree_size;
+        events.extend(covered);
+        if reached_anchor {
+            break;
+        }
+    }
+    // The follower may be a moment behind the newest checkpoint.
+    if state.merkle.len() < anchor.tree_size {
+        state.merkle.catch_up(&state.store).await?;
+    }
+    let tree = state.merkle.snapshot();
+    let mut filters = filters;
+    filters.insert("anchor_tree_size".into(), json!(anchor.tree_size));
+    let bundle = aether_audit::Bundle::build(
+        events,
+        &tree,
+        vec![anchor],
+        Value::Object(filters),
+        Utc::now(),
+    )
+    .map_err(|e| {
+        tracing::error!(error = %e, "cannot build an evidence bundle");
+        Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "Export failed",
+            e.to_string(),
+        )
+    })?;
+    let bytes = bundle.to_vec().map_err(|e| {
+        Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "Export failed",
+            e.to_string(),
+        )
+    })?;
+    Ok((
+        [
+            (axum::http::header::CONTENT_TYPE, "application/json"),
+            (
+                axum::http::header::CONTENT_DISPOSITION,
+                "attachment; filename=\"aether-evidence.json\"",
+            ),
+        ],
+        bytes,
+    )
+        .into_response())
 }

@@ -34,6 +34,25 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Regulator tools that need no service, database or network.
+    #[command(subcommand)]
+    Audit(AuditCommand),
+}
+
+#[derive(Subcommand)]
+enum AuditCommand {
+    /// Verify an evidence bundle offline (format: audit/BUNDLE.md). Exit 0: valid and signed
+    /// by the trusted key; 3: valid but the signer was not independently trusted; 2: invalid.
+    Verify {
+        /// The bundle file (JSON).
+        bundle: PathBuf,
+        /// The operator's checkpoint public key (PEM) to trust.
+        #[arg(long)]
+        public_key: Option<PathBuf>,
+        /// Print the verdict as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Where the ledger lives; shared by the commands that open it.
@@ -103,6 +122,11 @@ fn main() -> ExitCode {
             Command::Serve(args) => serve::run(args).await.map(|_| ExitCode::SUCCESS),
             Command::Verify(args) => verify(args).await,
             Command::Bench(cmd) => bench::run(cmd).await.map(|_| ExitCode::SUCCESS),
+            Command::Audit(AuditCommand::Verify {
+                bundle,
+                public_key,
+                json,
+            }) => audit_verify(&bundle, public_key.as_deref(), json),
         }
     });
     match result {
@@ -195,5 +219,45 @@ async fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(2)
+    })
+}
+
+fn audit_verify(
+    bundle: &std::path::Path,
+    public_key: Option<&std::path::Path>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let trusted = public_key
+        .map(CheckpointVerifier::from_pem_file)
+        .transpose()?;
+    let bar = if json {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new(0)
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("verifying {bar:40} {pos}/{len} ({eta})")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let verdict = aether_audit::verify_bundle_file(bundle, trusted.as_ref(), |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })
+    .with_context(|| format!("cannot read the bundle {}", bundle.display()))?;
+    bar.finish_and_clear();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&verdict)?);
+    } else {
+        print!("{verdict}");
+        if verdict.ok && !verdict.signer_trusted {
+            println!(
+                "WARNING: no trusted key was given (--public-key); the bundle is consistent, but anyone could have signed it"
+            );
+        }
+    }
+    Ok(match (verdict.ok, verdict.signer_trusted) {
+        (true, true) => ExitCode::SUCCESS,
+        (true, false) => ExitCode::from(3),
+        (false, _) => ExitCode::from(2),
     })
 }
