@@ -20,6 +20,27 @@ use sqlx::postgres::PgConnection;
 pub enum BenchCommand {
     /// Ledger append throughput / latency and verify speed, with a raw-INSERT baseline.
     Ledger(LedgerBench),
+    /// Audit: inclusion-proof latency and evidence export at scale, against plain reads.
+    Audit(AuditBench),
+}
+
+#[derive(Args)]
+pub struct AuditBench {
+    /// Server to benchmark on: `postgres://…` (needs CREATE DATABASE) or `sqlite:` (temp files).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: String,
+    /// Events in the ledger.
+    #[arg(long, default_value_t = 1_000_000)]
+    events: u64,
+    /// Events in the exported bundle.
+    #[arg(long, default_value_t = 100_000)]
+    export_events: u64,
+    /// Inclusion proofs to time.
+    #[arg(long, default_value_t = 10_000)]
+    proofs: u64,
+    /// Approximate canonical payload size per event, bytes.
+    #[arg(long, default_value_t = 500)]
+    payload_bytes: usize,
 }
 
 #[derive(Args)]
@@ -50,6 +71,7 @@ pub struct LedgerBench {
 pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Ledger(b) => ledger(b).await,
+        BenchCommand::Audit(b) => audit(b).await,
     }
 }
 
@@ -395,44 +417,8 @@ async fn ledger(b: LedgerBench) -> anyhow::Result<()> {
         .await?;
         let signer = CheckpointSigner::generate()?;
         let trusted = signer.verifier();
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let checkpointer = tokio::spawn(run_checkpointer(
-            store.clone(),
-            signer,
-            CheckpointPolicy::default(),
-            stop_rx,
-        ));
         let fill_started = Instant::now();
-        let per_task = b.verify_events / 4;
-        let fills: Vec<_> = (0..4u64)
-            .map(|t| {
-                let store = store.clone();
-                let bytes = b.payload_bytes;
-                tokio::spawn(async move {
-                    let mut done = 0;
-                    while done < per_task {
-                        let n = (per_task - done).min(500);
-                        let events = (0..n)
-                            .map(|i| NewEvent::new("ClearingDecided", payload(bytes, done + i)))
-                            .collect();
-                        store
-                            .append(
-                                &format!("clearing/member-{t}"),
-                                ExpectedVersion::Any,
-                                events,
-                            )
-                            .await?;
-                        done += n;
-                    }
-                    anyhow::Ok(())
-                })
-            })
-            .collect();
-        for f in fills {
-            f.await??;
-        }
-        let _ = stop_tx.send(true);
-        checkpointer.await??;
+        fill_signed(&store, signer, b.verify_events, b.payload_bytes).await?;
         let filled = fill_started.elapsed();
         let started = Instant::now();
         let report = verify_store(&store, Some(trusted), |_| {}).await?;
@@ -463,5 +449,164 @@ async fn ledger(b: LedgerBench) -> anyhow::Result<()> {
         store.shutdown().await;
         scratch.drop().await;
     }
+    Ok(())
+}
+
+/// Appends `events` events from 4 tasks in 500-event appends while a checkpointer signs
+/// every 1,000; ends with a final checkpoint covering everything.
+async fn fill_signed(
+    store: &EventStore,
+    signer: CheckpointSigner,
+    events: u64,
+    payload_bytes: usize,
+) -> anyhow::Result<()> {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let checkpointer = tokio::spawn(run_checkpointer(
+        store.clone(),
+        signer,
+        CheckpointPolicy::default(),
+        stop_rx,
+    ));
+    let per_task = events / 4;
+    let fills: Vec<_> = (0..4u64)
+        .map(|t| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let mut done = 0;
+                while done < per_task {
+                    let n = (per_task - done).min(500);
+                    let events = (0..n)
+                        .map(|i| NewEvent::new("ClearingDecided", payload(payload_bytes, done + i)))
+                        .collect();
+                    store
+                        .append(
+                            &format!("clearing/member-{t}"),
+                            ExpectedVersion::Any,
+                            events,
+                        )
+                        .await?;
+                    done += n;
+                }
+                anyhow::Ok(())
+            })
+        })
+        .collect();
+    for f in fills {
+        f.await??;
+    }
+    let _ = stop_tx.send(true);
+    checkpointer.await??;
+    Ok(())
+}
+
+async fn audit(b: AuditBench) -> anyhow::Result<()> {
+    use aether_ledger::checkpoint::SignedCheckpoint;
+    use aether_ledger::{Direction, EventFilter, MerkleLog};
+    use rand::RngExt;
+
+    println!(
+        "# aether bench audit on {} ({} events, export of {}, {} proofs)\n",
+        redact_url(&b.database_url),
+        b.events,
+        b.export_events,
+        b.proofs
+    );
+    let scratch = Scratch::new(&b.database_url).await?;
+    let store = EventStore::connect(&scratch.url, StoreConfig::default()).await?;
+    let signer = CheckpointSigner::generate()?;
+    let trusted = signer.verifier();
+    fill_signed(&store, signer, b.events, b.payload_bytes).await?;
+    let anchor: SignedCheckpoint = store
+        .read_stream(
+            aether_ledger::checkpoint::CHECKPOINT_STREAM,
+            u64::MAX,
+            Direction::Backward,
+            1,
+        )
+        .await?
+        .first()
+        .and_then(SignedCheckpoint::from_event)
+        .and_then(Result::ok)
+        .ok_or_else(|| anyhow::anyhow!("no checkpoint after the fill"))?;
+
+    let started = Instant::now();
+    let log = MerkleLog::default();
+    let leaves = log.catch_up(&store).await?;
+    println!(
+        "Merkle log loaded: {leaves} leaves in {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    // Inclusion proofs at the anchor's size, against a primary-key read of the same events.
+    let mut rng = rand::rng();
+    let seqs: Vec<u64> = (0..b.proofs)
+        .map(|_| rng.random_range(1..=anchor.tree_size))
+        .collect();
+    let mut proof_times = Vec::with_capacity(seqs.len());
+    for &seq in &seqs {
+        let t = Instant::now();
+        let proof = log.inclusion_proof(seq, anchor.tree_size)?;
+        proof_times.push(t.elapsed());
+        std::hint::black_box(proof);
+    }
+    let mut read_times = Vec::with_capacity(seqs.len());
+    for &seq in seqs.iter().take(2000) {
+        let t = Instant::now();
+        std::hint::black_box(store.read_all(seq, 1).await?);
+        read_times.push(t.elapsed());
+    }
+    proof_times.sort();
+    read_times.sort();
+    println!(
+        "inclusion proof at tree size {}: p50 {:.4} ms, p99 {:.4} ms, max {:.4} ms; baseline: reading one event by seq p50 {:.3} ms, p99 {:.3} ms",
+        anchor.tree_size,
+        ms(percentile(&proof_times, 0.5)),
+        ms(percentile(&proof_times, 0.99)),
+        ms(proof_times.last().copied().unwrap_or_default()),
+        ms(percentile(&read_times, 0.5)),
+        ms(percentile(&read_times, 0.99)),
+    );
+
+    // Export: the same path as POST /v1/audit/exports.
+    let filter = EventFilter {
+        event_type: Some("ClearingDecided".into()),
+        ..EventFilter::default()
+    };
+    let started = Instant::now();
+    let mut events = Vec::new();
+    let mut after = 0;
+    while (events.len() as u64) < b.export_events {
+        let want = (b.export_events - events.len() as u64).min(1000) as u32;
+        let page = store.query(&filter, after, want).await?;
+        let Some(last) = page.last() else { break };
+        after = last.seq;
+        events.extend(page.into_iter().filter(|e| e.seq <= anchor.tree_size));
+    }
+    let read = started.elapsed();
+    let count = events.len();
+    let tree = log.snapshot();
+    let bundle = aether_audit::Bundle::build(
+        events,
+        &tree,
+        vec![anchor.clone()],
+        serde_json::json!({"event_type": "ClearingDecided"}),
+        chrono::Utc::now(),
+    )?;
+    let bytes = bundle.to_vec()?;
+    let exported = started.elapsed();
+    let started = Instant::now();
+    let parsed = aether_audit::Bundle::from_slice(&bytes)?;
+    let verdict = aether_audit::verify_bundle(&parsed, Some(&trusted));
+    let verified = started.elapsed();
+    anyhow::ensure!(verdict.ok, "the exported bundle does not verify: {verdict}");
+    println!(
+        "export of {count} events with proofs: {:.2} s ({} MiB); reading them alone: {:.2} s; offline verify: {:.2} s",
+        exported.as_secs_f64(),
+        bytes.len() / (1024 * 1024),
+        read.as_secs_f64(),
+        verified.as_secs_f64()
+    );
+    store.shutdown().await;
+    scratch.drop().await;
     Ok(())
 }
