@@ -1,1 +1,9 @@
-//! Control plane (engines, policies, rollouts, snapshots). Built by the control-plane issue.
+//! Aether's control plane: every change to the clearing engine is an event on the ledger,
+//! and the live state is a projection of those events, rebuilt at start.
+//!
+//! Built so far: the policy registry ([`policies`]). Engines, rollouts and snapshots are
+//! the rest of the control-plane issue.
+
+pub mod policies;
+
+pub use policies::{IngestError, PolicyRecord, PolicyRegistry};
