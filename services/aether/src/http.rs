@@ -32,6 +32,8 @@ pub struct AppState {
     pub metrics: PrometheusHandle,
     /// Every event hash in memory, for proofs.
     pub merkle: MerkleLog,
+    /// Compliance policies and the live rule engine.
+    pub policies: aether_control::PolicyRegistry,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -43,6 +45,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/events/{seq}", get(get_event))
         .route("/v1/redactions", axum::routing::post(redact))
         .merge(crate::audit_http::routes())
+        .merge(crate::control_http::routes())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
@@ -75,7 +78,7 @@ impl Problem {
         Problem::new(StatusCode::BAD_REQUEST, "Bad request", detail)
     }
 
-    fn with(mut self, key: &str, value: serde_json::Value) -> Problem {
+    pub(crate) fn with(mut self, key: &str, value: serde_json::Value) -> Problem {
         self.extra.insert(key.to_owned(), value);
         self
     }

@@ -3,6 +3,7 @@
 mod audit_http;
 mod auth;
 mod bench;
+mod control_http;
 mod http;
 mod serve;
 

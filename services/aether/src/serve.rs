@@ -119,11 +119,17 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let loaded = merkle.catch_up(&store).await?;
     tracing::info!(events = loaded, "Merkle log loaded");
     let follower = tokio::spawn(merkle.clone().follow(store.clone(), stop_rx.clone()));
+    let policies = aether_control::PolicyRegistry::load(store.clone()).await?;
+    tracing::info!(
+        policies = policies.policies().len(),
+        "policies loaded from the ledger"
+    );
     let state = AppState {
         store: store.clone(),
         tokens: Arc::new(tokens),
         metrics,
         merkle,
+        policies,
     };
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown_signal())

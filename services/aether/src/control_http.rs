@@ -1,0 +1,140 @@
+//! The control plane's HTTP surface built so far: policy ingest and listing.
+
+use aether_control::IngestError;
+use aether_rules::{PolicyError, PolicyFormat};
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::json;
+
+use crate::auth::Role;
+use crate::http::{AppState, Problem, authorize};
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/v1/policy/ingest", post(ingest))
+        .route("/v1/policies", get(list))
+        .route("/v1/policies/{name}/versions", get(versions))
+}
+
+fn format_of(headers: &HeaderMap) -> Result<PolicyFormat, Problem> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    match content_type.as_str() {
+        "application/json" => Ok(PolicyFormat::Json),
+        "application/yaml" | "application/x-yaml" | "text/yaml" => Ok(PolicyFormat::Yaml),
+        other => Err(Problem::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "Unsupported policy format",
+            format!(
+                "Content-Type {other:?} is not a policy format; use application/json or application/yaml"
+            ),
+        )),
+    }
+}
+
+/// `POST /v1/policy/ingest` (operator): a policy document as JSON or YAML.
+async fn ingest(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, Problem> {
+    let caller = authorize(&state, &headers, &[Role::Operator])?;
+    let format = format_of(&headers)?;
+    let source = std::str::from_utf8(&body)
+        .map_err(|e| Problem::bad_request(format!("the policy document is not UTF-8: {e}")))?;
+    match state.policies.ingest(source, format, &caller.actor).await {
+        Ok((record, Some(event))) => Ok((
+            StatusCode::CREATED,
+            axum::Json(json!({ "policy": record, "event": event })),
+        )
+            .into_response()),
+        Ok((record, None)) => Ok(axum::Json(json!({
+            "policy": record,
+            "event": null,
+            "note": "this version was already ingested with the same digest; nothing changed",
+        }))
+        .into_response()),
+        Err(IngestError::Invalid(e)) => Err(invalid_policy(&e)),
+        Err(e @ (IngestError::VersionExists { .. } | IngestError::Conflict { .. })) => {
+            Err(Problem::new(
+                StatusCode::CONFLICT,
+                "Policy version conflict",
+                e.to_string(),
+            ))
+        }
+        Err(IngestError::Ledger(e)) => Err(e.into()),
+    }
+}
+
+/// 422 with the rule, line and column when the compiler gave them.
+fn invalid_policy(e: &PolicyError) -> Problem {
+    let mut problem = Problem::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "Invalid policy",
+        e.to_string(),
+    );
+    let (rule_id, position) = match e {
+        PolicyError::Syntax {
+            rule_id, position, ..
+        }
+        | PolicyError::UnknownIdentifier {
+            rule_id, position, ..
+        } => (Some(rule_id), *position),
+        _ => (None, None),
+    };
+    if let Some(rule_id) = rule_id {
+        problem = problem.with("rule_id", json!(rule_id));
+    }
+    if let Some(p) = position {
+        problem = problem
+            .with("line", json!(p.line))
+            .with("column", json!(p.column));
+    }
+    problem
+}
+
+/// `GET /v1/policies`: every policy, its active version and how many versions it has.
+async fn list(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, Problem> {
+    authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
+    let policies: Vec<_> = state
+        .policies
+        .policies()
+        .into_iter()
+        .map(|(name, versions)| {
+            json!({ "name": name, "active": versions.last(), "versions": versions.len() })
+        })
+        .collect();
+    Ok(axum::Json(json!({
+        "policies": policies,
+        "rule_set_digest": hex::encode(state.policies.engine().snapshot().digest()),
+    }))
+    .into_response())
+}
+
+/// `GET /v1/policies/{name}/versions`: one policy's versions, oldest first.
+async fn versions(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Result<Response, Problem> {
+    authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
+    match state.policies.versions(&name) {
+        Some(v) => Ok(axum::Json(json!({ "name": name, "versions": v })).into_response()),
+        None => Err(Problem::new(
+            StatusCode::NOT_FOUND,
+            "Not found",
+            format!("no policy named {name:?}"),
+        )),
+    }
+}
