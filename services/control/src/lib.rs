@@ -4,6 +4,10 @@
 //! Built so far: the policy registry ([`policies`]). Engines, rollouts and snapshots are
 //! the rest of the control-plane issue.
 
+pub mod engines;
+pub mod models;
 pub mod policies;
 
+pub use engines::{ActivationRequest, EngineError, EngineRegistry, EngineState, EngineStatus};
+pub use models::{ModelError, ModelRegistry, ModelSpec};
 pub use policies::{IngestError, PolicyRecord, PolicyRegistry};

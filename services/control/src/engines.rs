@@ -1,0 +1,345 @@
+//! Engine activation as events on `engine/{region}`: `EngineActivationRequested` is answered
+//! at once (202); then, asynchronously, the artifact is found and its digest checked
+//! (`EngineModelVerified`), every policy hook is bound to an ingested policy
+//! (`EnginePoliciesBound`), a circuit breaker is registered (`CircuitBreakerRegistered`),
+//! and `EngineActivated` closes it — or `EngineActivationFailed` names the step and reason.
+//! Every step carries the request's event id as `correlation_id`.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use aether_ledger::{
+    Committed, EventFilter, EventStore, ExpectedVersion, LedgerError, NewEvent, RecordedEvent,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::models::{ModelError, ModelRegistry, check_artifact, region_of};
+use crate::policies::PolicyRegistry;
+
+pub const ACTIVATION_REQUESTED: &str = "EngineActivationRequested";
+pub const MODEL_VERIFIED: &str = "EngineModelVerified";
+pub const POLICIES_BOUND: &str = "EnginePoliciesBound";
+pub const BREAKER_REGISTERED: &str = "CircuitBreakerRegistered";
+pub const ACTIVATED: &str = "EngineActivated";
+pub const ACTIVATION_FAILED: &str = "EngineActivationFailed";
+
+/// The operator's request.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ActivationRequest {
+    pub model_ref: String,
+    /// Share of traffic, in (0, 1].
+    pub traffic_weight: f64,
+    pub policy_hooks: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EngineStatus {
+    Activating,
+    Active,
+    Failed,
+}
+
+/// An engine as the projection sees it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct EngineState {
+    pub region: String,
+    pub model_ref: String,
+    pub traffic_weight: f64,
+    pub policy_hooks: Vec<String>,
+    pub status: EngineStatus,
+    /// Event types of the current activation's steps so far.
+    pub steps: Vec<String>,
+    pub failure: Option<String>,
+    /// Event id of the activation request (the correlation id of its steps).
+    pub activation_id: String,
+    pub stream_version: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("traffic_weight must be in (0, 1], got {0}")]
+    BadWeight(f64),
+    #[error("policy hook {0:?} is empty, repeated or not a policy name")]
+    BadHook(String),
+    #[error(
+        "engine {region} is already activating (request {activation_id}); wait for it to finish"
+    )]
+    Busy {
+        region: String,
+        activation_id: String,
+    },
+    #[error("engine {region} changed while this request ran; retry")]
+    Conflict { region: String },
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+}
+
+/// Engines per region, rebuilt from the ledger.
+#[derive(Clone)]
+pub struct EngineRegistry {
+    store: EventStore,
+    models: ModelRegistry,
+    policies: PolicyRegistry,
+    engines: Arc<RwLock<BTreeMap<String, EngineState>>>,
+}
+
+impl EngineRegistry {
+    pub async fn load(
+        store: EventStore,
+        models: ModelRegistry,
+        policies: PolicyRegistry,
+    ) -> Result<Self, LedgerError> {
+        let registry = EngineRegistry {
+            store,
+            models,
+            policies,
+            engines: Arc::default(),
+        };
+        let filter = EventFilter {
+            stream_prefix: Some("engine/".into()),
+            ..EventFilter::default()
+        };
+        let mut after = 0;
+        loop {
+            let page = registry.store.query(&filter, after, 500).await?;
+            let Some(last) = page.last() else { break };
+            after = last.seq;
+            for e in &page {
+                registry.apply(e);
+            }
+        }
+        Ok(registry)
+    }
+
+    pub fn engines(&self) -> Vec<EngineState> {
+        self.engines
+            .read()
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    pub fn engine(&self, region: &str) -> Option<EngineState> {
+        self.engines.read().ok()?.get(region).cloned()
+    }
+
+    fn apply(&self, event: &RecordedEvent) {
+        let Some(region) = event.stream_id.strip_prefix("engine/") else {
+            return;
+        };
+        let p = event.payload_value().unwrap_or_default();
+        let Ok(mut engines) = self.engines.write() else {
+            return;
+        };
+        if event.event_type == ACTIVATION_REQUESTED {
+            let request: Option<ActivationRequest> = serde_json::from_value(p).ok();
+            if let Some(r) = request {
+                engines.insert(
+                    region.to_owned(),
+                    EngineState {
+                        region: region.to_owned(),
+                        model_ref: r.model_ref,
+                        traffic_weight: r.traffic_weight,
+                        policy_hooks: r.policy_hooks,
+                        status: EngineStatus::Activating,
+                        steps: vec![event.event_type.clone()],
+                        failure: None,
+                        activation_id: event.event_id.to_string(),
+                        stream_version: event.stream_version,
+                    },
+                );
+            }
+            return;
+        }
+        if let Some(state) = engines.get_mut(region) {
+            state.stream_version = event.stream_version;
+            state.steps.push(event.event_type.clone());
+            match event.event_type.as_str() {
+                ACTIVATED => state.status = EngineStatus::Active,
+                ACTIVATION_FAILED => {
+                    state.status = EngineStatus::Failed;
+                    state.failure = p["reason"].as_str().map(str::to_owned);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Validates and records an activation request, then runs its steps in the background.
+    pub async fn request_activation(
+        &self,
+        request: ActivationRequest,
+        actor: &str,
+    ) -> Result<(Committed, tokio::task::JoinHandle<()>), EngineError> {
+        let region = region_of(&request.model_ref)?.to_owned();
+        if !(request.traffic_weight > 0.0 && request.traffic_weight <= 1.0) {
+            return Err(EngineError::BadWeight(request.traffic_weight));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for hook in &request.policy_hooks {
+            let ok = !hook.is_empty()
+                && hook.len() <= 128
+                && hook
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+            if !ok || !seen.insert(hook) {
+                return Err(EngineError::BadHook(hook.clone()));
+            }
+        }
+        let current = self.engine(&region);
+        if let Some(e) = &current
+            && e.status == EngineStatus::Activating
+        {
+            return Err(EngineError::Busy {
+                region,
+                activation_id: e.activation_id.clone(),
+            });
+        }
+        let expected = ExpectedVersion::Exact(current.map_or(0, |e| e.stream_version));
+        let event = NewEvent::new(
+            ACTIVATION_REQUESTED,
+            serde_json::to_value(&request).unwrap_or_default(),
+        )
+        .with_metadata(json!({ "actor": actor }));
+        let committed = self.append(&region, expected, event).await?;
+        let runner = self.clone();
+        let actor = actor.to_owned();
+        let request_event = committed.clone();
+        let task = tokio::spawn(async move {
+            runner.run_activation(request, request_event, &actor).await;
+        });
+        Ok((committed, task))
+    }
+
+    async fn append(
+        &self,
+        region: &str,
+        expected: ExpectedVersion,
+        event: NewEvent,
+    ) -> Result<Committed, EngineError> {
+        let stream = format!("engine/{region}");
+        match self.store.append(&stream, expected, vec![event]).await {
+            Ok(mut c) => {
+                let committed = c.remove(0);
+                if let Some(e) = self
+                    .store
+                    .read_all(committed.seq, 1)
+                    .await?
+                    .into_iter()
+                    .next()
+                {
+                    self.apply(&e);
+                }
+                Ok(committed)
+            }
+            Err(LedgerError::WrongExpectedVersion { .. }) => Err(EngineError::Conflict {
+                region: region.to_owned(),
+            }),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// One step event, chained to the request by correlation and to the last step by
+    /// causation.
+    async fn step(
+        &self,
+        region: &str,
+        kind: &str,
+        payload: Value,
+        correlation: &Committed,
+        cause: &Committed,
+        actor: &str,
+    ) -> Result<Committed, EngineError> {
+        let event = NewEvent::new(kind, payload).with_metadata(json!({
+            "actor": actor,
+            "correlation_id": correlation.event_id,
+            "causation_id": cause.event_id,
+        }));
+        self.append(region, ExpectedVersion::Exact(cause.stream_version), event)
+            .await
+    }
+
+    async fn run_activation(&self, request: ActivationRequest, requested: Committed, actor: &str) {
+        let region = region_of(&request.model_ref)
+            .map(str::to_owned)
+            .unwrap_or_default();
+        let mut last = requested.clone();
+        let result: Result<(), (&str, String)> = async {
+            // 1. The artifact exists and has the registered digest.
+            let model = self.models.get(&request.model_ref).ok_or((
+                "model",
+                format!("model {} is not registered", request.model_ref),
+            ))?;
+            check_artifact(&model.uri, &model.digest)
+                .await
+                .map_err(|e| ("model", e.to_string()))?;
+            last = self
+                .step(&region, MODEL_VERIFIED, json!({"model_ref": model.model_ref, "digest": model.digest, "uri": model.uri}), &requested, &last, actor)
+                .await
+                .map_err(|e| ("model", e.to_string()))?;
+            // 2. Every hook names an ingested policy.
+            let rules = self.policies.engine().snapshot();
+            let mut bound = Vec::new();
+            for hook in &request.policy_hooks {
+                let policy = rules.get(hook).ok_or((
+                    "policies",
+                    format!("policy hook {hook:?} is not bound: no policy of that name is ingested"),
+                ))?;
+                bound.push(json!({"name": hook, "version": policy.version(), "digest": policy.digest_hex()}));
+            }
+            last = self
+                .step(&region, POLICIES_BOUND, json!({"hooks": bound, "rules_digest": rules.digest_hex()}), &requested, &last, actor)
+                .await
+                .map_err(|e| ("policies", e.to_string()))?;
+            // 3. A circuit breaker for the region.
+            last = self
+                .step(&region, BREAKER_REGISTERED, json!({"region": region, "max_error_rate": 0.05, "max_p99_ms": 420}), &requested, &last, actor)
+                .await
+                .map_err(|e| ("circuit_breaker", e.to_string()))?;
+            last = self
+                .step(&region, ACTIVATED, json!({"model_ref": request.model_ref, "traffic_weight": request.traffic_weight, "policy_hooks": request.policy_hooks, "rules_digest": rules.digest_hex()}), &requested, &last, actor)
+                .await
+                .map_err(|e| ("activate", e.to_string()))?;
+            Ok(())
+        }
+        .await;
+        if let Err((step, reason)) = result {
+            let failed = self
+                .step(
+                    &region,
+                    ACTIVATION_FAILED,
+                    json!({ "step": step, "reason": reason }),
+                    &requested,
+                    &last,
+                    actor,
+                )
+                .await;
+            if let Err(e) = failed {
+                tracing::error!(%region, error = %e, "cannot record a failed activation");
+            }
+        }
+    }
+
+    /// Activations that a restart interrupted are recorded as failed, not left hanging.
+    pub async fn fail_interrupted(&self) -> Result<usize, EngineError> {
+        let stuck: Vec<EngineState> = self
+            .engines()
+            .into_iter()
+            .filter(|e| e.status == EngineStatus::Activating)
+            .collect();
+        for e in &stuck {
+            let event = NewEvent::new(
+                ACTIVATION_FAILED,
+                json!({"step": "restart", "reason": "the service restarted during the activation; request it again"}),
+            )
+            .with_metadata(json!({"actor": "aether:control", "correlation_id": e.activation_id}));
+            self.append(&e.region, ExpectedVersion::Exact(e.stream_version), event)
+                .await?;
+        }
+        Ok(stuck.len())
+    }
+}

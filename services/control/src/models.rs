@@ -1,0 +1,205 @@
+//! The model registry: `ModelRegistered` on `model/{ref}` (artifact URI, SM3 digest, feature
+//! schema). A registration is checked against the artifact when it is a local file, and a
+//! ref is registered once: an identical repeat changes nothing, a different one is refused.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use aether_ledger::hashing::{hex_hash, sm3};
+use aether_ledger::{
+    Committed, EventFilter, EventStore, ExpectedVersion, LedgerError, NewEvent, RecordedEvent,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+/// Event type of a registration.
+pub const MODEL_REGISTERED: &str = "ModelRegistered";
+
+/// A model artifact as registered.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    /// `name@region`, e.g. `finmoe-7b-v3@sgp-region`.
+    #[serde(rename = "ref")]
+    pub model_ref: String,
+    /// Where the artifact is: a local path or a `file://` URI (others are recorded as given).
+    pub uri: String,
+    /// SM3 of the artifact's bytes, 64 lowercase hex digits.
+    pub digest: String,
+    /// The features the model expects, as a JSON object (name → type).
+    pub feature_schema: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Why a registration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("model ref {0:?} must look like name@region (letters, digits, '.', '_', '-')")]
+    BadRef(String),
+    #[error("digest must be 64 lowercase hex digits (SM3), got {0:?}")]
+    BadDigest(String),
+    #[error("feature_schema must name at least one feature")]
+    EmptySchema,
+    #[error("artifact {uri} cannot be read: {reason}")]
+    Unreadable { uri: String, reason: String },
+    #[error("artifact {uri} has SM3 digest {actual}, not the registered {expected}")]
+    DigestMismatch {
+        uri: String,
+        expected: String,
+        actual: String,
+    },
+    #[error("model {0:?} is already registered with a different artifact or schema")]
+    AlreadyRegistered(String),
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+}
+
+impl ModelError {
+    /// True for errors in the request rather than in the ledger.
+    pub fn is_input_error(&self) -> bool {
+        !matches!(
+            self,
+            ModelError::Ledger(_) | ModelError::AlreadyRegistered(_)
+        )
+    }
+}
+
+/// Checks a `name@region` ref; returns the region.
+pub fn region_of(model_ref: &str) -> Result<&str, ModelError> {
+    let ok_part = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 100
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+    };
+    match model_ref.split_once('@') {
+        Some((name, region)) if ok_part(name) && ok_part(region) => Ok(region),
+        _ => Err(ModelError::BadRef(model_ref.to_owned())),
+    }
+}
+
+/// The local file an artifact URI names, if it names one.
+pub fn local_path(uri: &str) -> Option<std::path::PathBuf> {
+    if let Some(path) = uri.strip_prefix("file://") {
+        return Some(path.into());
+    }
+    (!uri.contains("://")).then(|| uri.into())
+}
+
+/// Reads a local artifact and checks its SM3 digest.
+pub async fn check_artifact(uri: &str, digest: &str) -> Result<(), ModelError> {
+    let Some(path) = local_path(uri) else {
+        return Ok(()); // remote artifacts are checked by the workers that fetch them
+    };
+    let bytes = tokio::fs::read(&path)
+        .await
+        .map_err(|e| ModelError::Unreadable {
+            uri: uri.to_owned(),
+            reason: e.to_string(),
+        })?;
+    let actual = hex::encode(sm3(&bytes));
+    if actual != digest {
+        return Err(ModelError::DigestMismatch {
+            uri: uri.to_owned(),
+            expected: digest.to_owned(),
+            actual,
+        });
+    }
+    Ok(())
+}
+
+/// Registered models, rebuilt from the ledger.
+#[derive(Clone)]
+pub struct ModelRegistry {
+    store: EventStore,
+    models: Arc<RwLock<BTreeMap<String, ModelSpec>>>,
+}
+
+impl ModelRegistry {
+    pub async fn load(store: EventStore) -> Result<Self, LedgerError> {
+        let registry = ModelRegistry {
+            store,
+            models: Arc::default(),
+        };
+        let filter = EventFilter {
+            event_type: Some(MODEL_REGISTERED.into()),
+            stream_prefix: Some("model/".into()),
+            ..EventFilter::default()
+        };
+        let mut after = 0;
+        loop {
+            let page = registry.store.query(&filter, after, 500).await?;
+            let Some(last) = page.last() else { break };
+            after = last.seq;
+            for e in &page {
+                registry.apply(e);
+            }
+        }
+        Ok(registry)
+    }
+
+    fn apply(&self, event: &RecordedEvent) {
+        if let Ok(spec) = serde_json::from_str::<ModelSpec>(event.payload.get())
+            && let Ok(mut m) = self.models.write()
+        {
+            m.insert(spec.model_ref.clone(), spec);
+        }
+    }
+
+    pub fn get(&self, model_ref: &str) -> Option<ModelSpec> {
+        self.models.read().ok()?.get(model_ref).cloned()
+    }
+
+    pub fn all(&self) -> Vec<ModelSpec> {
+        self.models
+            .read()
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Registers a model after checking the ref, digest, schema and (for local files) the
+    /// artifact itself. Returns `None` for an identical repeat.
+    pub async fn register(
+        &self,
+        spec: ModelSpec,
+        actor: &str,
+    ) -> Result<Option<Committed>, ModelError> {
+        region_of(&spec.model_ref)?;
+        hex_hash::parse(&spec.digest)
+            .ok()
+            .filter(|_| spec.digest.chars().all(|c| !c.is_ascii_uppercase()))
+            .ok_or_else(|| ModelError::BadDigest(spec.digest.clone()))?;
+        if spec.feature_schema.is_empty() {
+            return Err(ModelError::EmptySchema);
+        }
+        if let Some(existing) = self.get(&spec.model_ref) {
+            return if existing == spec {
+                Ok(None)
+            } else {
+                Err(ModelError::AlreadyRegistered(spec.model_ref))
+            };
+        }
+        check_artifact(&spec.uri, &spec.digest).await?;
+        let payload = serde_json::to_value(&spec).unwrap_or_default();
+        let event =
+            NewEvent::new(MODEL_REGISTERED, payload).with_metadata(json!({ "actor": actor }));
+        let committed = match self
+            .store
+            .append(
+                &format!("model/{}", spec.model_ref),
+                ExpectedVersion::NoStream,
+                vec![event],
+            )
+            .await
+        {
+            Ok(mut c) => c.remove(0),
+            Err(LedgerError::WrongExpectedVersion { .. }) => {
+                return Err(ModelError::AlreadyRegistered(spec.model_ref));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if let Ok(mut m) = self.models.write() {
+            m.insert(spec.model_ref.clone(), spec);
+        }
+        Ok(Some(committed))
+    }
+}
