@@ -181,3 +181,167 @@ async fn policies_are_hot_loaded_refused_precisely_and_survive_a_restart() {
     assert_eq!(again["rule_set_digest"], digest);
     assert_eq!(again["policies"].as_array().unwrap().len(), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_is_activated_step_by_step_and_bad_requests_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &[]);
+    let client = http();
+    let post = |path: &str, token: &str, body: Value| {
+        client
+            .post(server.url(path))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+    };
+    assert_eq!(
+        ingest(
+            &server,
+            OPERATOR_TOKEN,
+            "application/yaml",
+            example("aml_v2")
+        )
+        .await
+        .0,
+        201
+    );
+    let artifact = dir.path().join("finmoe.bin");
+    std::fs::write(&artifact, b"model weights").unwrap();
+    let digest = hex::encode(aether_ledger::hashing::sm3(b"model weights"));
+    let model = serde_json::json!({"ref": "finmoe-7b-v3@sgp-region", "uri": artifact.to_str().unwrap(),
+                                   "digest": digest, "feature_schema": {"amount_minor": "int"}});
+    assert_eq!(
+        post("/v1/models", OPERATOR_TOKEN, model.clone())
+            .await
+            .unwrap()
+            .status(),
+        201
+    );
+    assert_eq!(
+        post("/v1/models", OPERATOR_TOKEN, model.clone())
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let mut wrong = model.clone();
+    wrong["ref"] = "finmoe-7b-v4@sgp-region".into();
+    wrong["digest"] = "ab".repeat(32).into();
+    let resp = post("/v1/models", OPERATOR_TOKEN, wrong).await.unwrap();
+    assert_eq!(resp.status(), 422);
+    let problem: Value = resp.json().await.unwrap();
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("has SM3 digest"),
+        "{problem}"
+    );
+
+    for (body, status) in [
+        (
+            serde_json::json!({"model_ref": "finmoe-7b-v3@sgp-region", "traffic_weight": 1.5, "policy_hooks": ["aml_v2"]}),
+            422,
+        ),
+        (
+            serde_json::json!({"model_ref": "finmoe-7b-v3", "traffic_weight": 0.5, "policy_hooks": []}),
+            422,
+        ),
+        (
+            serde_json::json!({"model_ref": "finmoe-7b-v3@sgp-region", "traffic_weight": "half"}),
+            422,
+        ),
+    ] {
+        assert_eq!(
+            post("/v1/engine/activate", OPERATOR_TOKEN, body)
+                .await
+                .unwrap()
+                .status(),
+            status
+        );
+    }
+    assert_eq!(
+        post(
+            "/v1/engine/activate",
+            REGULATOR_TOKEN,
+            serde_json::json!({})
+        )
+        .await
+        .unwrap()
+        .status(),
+        403
+    );
+
+    let resp = post(
+        "/v1/engine/activate",
+        OPERATOR_TOKEN,
+        serde_json::json!({"model_ref": "finmoe-7b-v3@sgp-region", "traffic_weight": 0.1, "policy_hooks": ["aml_v2"]}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(resp.status(), 202);
+    let accepted: Value = resp.json().await.unwrap();
+    let status_url = accepted["status_url"].as_str().unwrap().to_string();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let engine = loop {
+        let e: Value = client
+            .get(server.url(&status_url))
+            .bearer_auth(REGULATOR_TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if e["status"] != "activating" {
+            break e;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still activating: {e}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(engine["status"], "active", "{engine}");
+    assert_eq!(engine["steps"].as_array().unwrap().len(), 5);
+    assert_eq!(engine["activation_id"], accepted["event"]["event_id"]);
+
+    // An unknown hook fails at its step, recorded with the reason.
+    let resp = post(
+        "/v1/engine/activate",
+        OPERATOR_TOKEN,
+        serde_json::json!({"model_ref": "finmoe-7b-v3@sgp-region", "traffic_weight": 0.2, "policy_hooks": ["no_such_policy"]}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(resp.status(), 202);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let e: Value = client
+            .get(server.url(&status_url))
+            .bearer_auth(OPERATOR_TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if e["status"] == "failed" {
+            assert!(
+                e["failure"].as_str().unwrap().contains("no_such_policy"),
+                "{e}"
+            );
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{e}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let missing = client
+        .get(server.url("/v1/engines/mars"))
+        .bearer_auth(OPERATOR_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+}

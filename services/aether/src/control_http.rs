@@ -1,6 +1,6 @@
 //! The control plane's HTTP surface built so far: policy ingest and listing.
 
-use aether_control::IngestError;
+use aether_control::{ActivationRequest, EngineError, IngestError, ModelError, ModelSpec};
 use aether_rules::{PolicyError, PolicyFormat};
 use axum::Router;
 use axum::body::Bytes;
@@ -18,6 +18,133 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/policy/ingest", post(ingest))
         .route("/v1/policies", get(list))
         .route("/v1/policies/{name}/versions", get(versions))
+        .route("/v1/models", post(register_model).get(list_models))
+        .route("/v1/engine/activate", post(activate))
+        .route("/v1/engines", get(list_engines))
+        .route("/v1/engines/{region}", get(engine))
+}
+
+fn json_body<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<T, Problem> {
+    serde_json::from_slice(body).map_err(|e| {
+        Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid request",
+            format!("the body is not a valid {what}: {e}"),
+        )
+    })
+}
+
+fn model_problem(e: ModelError) -> Problem {
+    match e {
+        ModelError::Ledger(e) => e.into(),
+        e @ ModelError::AlreadyRegistered(_) => Problem::new(
+            StatusCode::CONFLICT,
+            "Model already registered",
+            e.to_string(),
+        ),
+        e => Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid model",
+            e.to_string(),
+        ),
+    }
+}
+
+/// `POST /v1/models` (operator): `{ref, uri, digest, feature_schema}` → `ModelRegistered`.
+async fn register_model(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, Problem> {
+    let caller = authorize(&state, &headers, &[Role::Operator])?;
+    let spec: ModelSpec = json_body(
+        &body,
+        "model registration {ref, uri, digest, feature_schema}",
+    )?;
+    match state.models.register(spec.clone(), &caller.actor).await {
+        Ok(Some(event)) => Ok((
+            StatusCode::CREATED,
+            axum::Json(json!({ "model": spec, "event": event })),
+        )
+            .into_response()),
+        Ok(None) => Ok(axum::Json(json!({ "model": spec, "event": null })).into_response()),
+        Err(e) => Err(model_problem(e)),
+    }
+}
+
+async fn list_models(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, Problem> {
+    authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
+    Ok(axum::Json(json!({ "models": state.models.all() })).into_response())
+}
+
+/// `POST /v1/engine/activate` (operator): 202 with the request event; the steps follow.
+async fn activate(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, Problem> {
+    let caller = authorize(&state, &headers, &[Role::Operator])?;
+    let request: ActivationRequest = json_body(
+        &body,
+        "activation {model_ref, traffic_weight, policy_hooks}",
+    )?;
+    match state
+        .engines
+        .request_activation(request, &caller.actor)
+        .await
+    {
+        Ok((event, _task)) => {
+            let region = event.stream_id.trim_start_matches("engine/").to_owned();
+            Ok((
+                StatusCode::ACCEPTED,
+                [(header::LOCATION, format!("/v1/engines/{region}"))],
+                axum::Json(json!({
+                    "event": event,
+                    "status_url": format!("/v1/engines/{region}"),
+                })),
+            )
+                .into_response())
+        }
+        Err(EngineError::Model(e)) => Err(model_problem(e)),
+        Err(EngineError::Ledger(e)) => Err(e.into()),
+        Err(e @ (EngineError::Busy { .. } | EngineError::Conflict { .. })) => Err(Problem::new(
+            StatusCode::CONFLICT,
+            "Engine busy",
+            e.to_string(),
+        )),
+        Err(e) => Err(Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid activation",
+            e.to_string(),
+        )),
+    }
+}
+
+async fn list_engines(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, Problem> {
+    authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
+    Ok(axum::Json(json!({ "engines": state.engines.engines() })).into_response())
+}
+
+async fn engine(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(region): Path<String>,
+) -> Result<Response, Problem> {
+    authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
+    match state.engines.engine(&region) {
+        Some(e) => Ok(axum::Json(e).into_response()),
+        None => Err(Problem::new(
+            StatusCode::NOT_FOUND,
+            "Not found",
+            format!("no engine in region {region:?}"),
+        )),
+    }
 }
 
 fn format_of(headers: &HeaderMap) -> Result<PolicyFormat, Problem> {

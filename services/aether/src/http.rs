@@ -34,6 +34,8 @@ pub struct AppState {
     pub merkle: MerkleLog,
     /// Compliance policies and the live rule engine.
     pub policies: aether_control::PolicyRegistry,
+    pub models: aether_control::ModelRegistry,
+    pub engines: aether_control::EngineRegistry,
 }
 
 pub fn router(state: AppState) -> Router {

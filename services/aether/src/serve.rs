@@ -124,12 +124,25 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         policies = policies.policies().len(),
         "policies loaded from the ledger"
     );
+    let models = aether_control::ModelRegistry::load(store.clone()).await?;
+    let engines =
+        aether_control::EngineRegistry::load(store.clone(), models.clone(), policies.clone())
+            .await?;
+    let interrupted = engines.fail_interrupted().await?;
+    if interrupted > 0 {
+        tracing::warn!(
+            interrupted,
+            "closed engine activations interrupted by a restart"
+        );
+    }
     let state = AppState {
         store: store.clone(),
         tokens: Arc::new(tokens),
         metrics,
         merkle,
         policies,
+        models,
+        engines,
     };
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown_signal())
