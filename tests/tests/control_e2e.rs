@@ -345,3 +345,86 @@ async fn an_engine_is_activated_step_by_step_and_bad_requests_are_refused() {
         .unwrap();
     assert_eq!(missing.status(), 404);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn traffic_colouring_is_validated_returned_and_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let send = |headers: &[(&str, &str)]| {
+        let mut req = http()
+            .post(server.url("/v1/policy/ingest"))
+            .bearer_auth(OPERATOR_TOKEN)
+            .header("content-type", "application/yaml")
+            .body(example("aml_v2"));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        req.send()
+    };
+    for (name, value) in [
+        ("x-model-stage", "purple-v3"),
+        ("x-semantic-tag", "q-unknown"),
+        ("traceparent", "00-zz-00f067aa0ba902b7-01"),
+        ("x-trace-id", "has space"),
+    ] {
+        let resp = send(&[(name, value)]).await.unwrap();
+        assert_eq!(resp.status(), 400, "{name}: {value}");
+        let problem: Value = resp.json().await.unwrap();
+        assert!(
+            problem["detail"]
+                .as_str()
+                .unwrap()
+                .to_lowercase()
+                .contains(&name.replace("x-", "")[..5]),
+            "{problem}"
+        );
+    }
+    let resp = send(&[
+        ("x-trace-id", "trace-abc-1"),
+        ("x-model-stage", "Green-FinMoE-v3"),
+        ("x-semantic-tag", "c-policy.aml"),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(resp.status(), 201);
+    assert_eq!(resp.headers()["x-trace-id"], "trace-abc-1");
+    let body: Value = resp.json().await.unwrap();
+    let seq = body["event"]["seq"].as_u64().unwrap();
+    let event: Value = http()
+        .get(server.url(&format!("/v1/events/{seq}")))
+        .bearer_auth(OPERATOR_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let meta = &event["metadata"];
+    assert_eq!(meta["trace_id"], "trace-abc-1");
+    assert_eq!(meta["model_stage"], "green-finmoe-v3");
+    assert_eq!(meta["semantic_tag"], "c-policy.aml");
+    assert!(meta["actor"].as_str().unwrap().starts_with("operator:"));
+
+    // Without a trace id one is made, returned, and taken from traceparent when given.
+    let resp = http()
+        .get(server.url("/v1/policies"))
+        .bearer_auth(OPERATOR_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["x-trace-id"].len(), 32);
+    let resp = http()
+        .get(server.url("/v1/policies"))
+        .bearer_auth(OPERATOR_TOKEN)
+        .header(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.headers()["x-trace-id"],
+        "4bf92f3577b34da6a3ce929d0e0e4736"
+    );
+}

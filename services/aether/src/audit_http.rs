@@ -15,6 +15,9 @@ use axum::routing::get;
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
+use aether_control::Origin;
+use axum::Extension;
+
 use crate::auth::{Caller, Role};
 use crate::http::{AppState, Problem, authorize, parse_u64};
 
@@ -69,11 +72,12 @@ fn time_param(
 async fn record_access(
     state: &AppState,
     caller: &Caller,
+    trace_id: &str,
     what: &str,
     details: Value,
 ) -> Result<(), Problem> {
     let event = NewEvent::new("AuditQueried", json!({ "query": what, "details": details }))
-        .with_metadata(json!({ "actor": caller.actor }));
+        .with_metadata(json!({ "actor": caller.actor, "trace_id": trace_id }));
     state
         .store
         .append(ACCESS_STREAM, ExpectedVersion::Any, vec![event])
@@ -96,6 +100,7 @@ fn regulator(state: &AppState, headers: &HeaderMap) -> Result<Caller, Problem> {
 /// `GET /v1/audit/events`: filtered events, in seq order, with a cursor.
 async fn events(
     State(state): State<AppState>,
+    Extension(origin): Extension<Origin>,
     headers: HeaderMap,
     query: Params,
 ) -> Result<Response, Problem> {
@@ -139,7 +144,7 @@ async fn events(
     filter
         .validate()
         .map_err(|e| Problem::bad_request(e.to_string()))?;
-    record_access(&state, &caller, "events", json!(p)).await?;
+    record_access(&state, &caller, &origin.trace_id, "events", json!(p)).await?;
     let found = state.store.query(&filter, cursor, limit as u32).await?;
     let next = (found.len() as u64 == limit)
         .then(|| found.last().map(|e| e.seq.to_string()))
@@ -176,6 +181,7 @@ fn proof_problem(e: aether_ledger::merkle::ProofError) -> Problem {
 /// signed checkpoint.
 async fn event(
     State(state): State<AppState>,
+    Extension(origin): Extension<Origin>,
     headers: HeaderMap,
     Path(seq): Path<String>,
 ) -> Result<Response, Problem> {
@@ -184,7 +190,14 @@ async fn event(
         seq.parse().ok().filter(|s| *s >= 1).ok_or_else(|| {
             Problem::bad_request(format!("seq must be an integer ≥ 1, got {seq:?}"))
         })?;
-    record_access(&state, &caller, "event", json!({ "seq": seq })).await?;
+    record_access(
+        &state,
+        &caller,
+        &origin.trace_id,
+        "event",
+        json!({ "seq": seq }),
+    )
+    .await?;
     let event: RecordedEvent = state
         .store
         .read_all(seq, 1)
@@ -234,6 +247,7 @@ async fn event(
 /// `GET /v1/audit/checkpoints?from_version=1&limit=100`: signed tree heads, oldest first.
 async fn checkpoints(
     State(state): State<AppState>,
+    Extension(origin): Extension<Origin>,
     headers: HeaderMap,
     query: Params,
 ) -> Result<Response, Problem> {
@@ -246,7 +260,7 @@ async fn checkpoints(
             "limit must be between 1 and {MAX_PAGE}, got {limit}"
         )));
     }
-    record_access(&state, &caller, "checkpoints", json!(p)).await?;
+    record_access(&state, &caller, &origin.trace_id, "checkpoints", json!(p)).await?;
     let events = state
         .store
         .read_stream(CHECKPOINT_STREAM, from, Direction::Forward, limit as u32)
@@ -266,6 +280,7 @@ async fn checkpoints(
 /// checkpoint's).
 async fn inclusion(
     State(state): State<AppState>,
+    Extension(origin): Extension<Origin>,
     headers: HeaderMap,
     query: Params,
 ) -> Result<Response, Problem> {
@@ -288,7 +303,14 @@ async fn inclusion(
                 )
             })?,
     };
-    record_access(&state, &caller, "inclusion_proof", json!(p)).await?;
+    record_access(
+        &state,
+        &caller,
+        &origin.trace_id,
+        "inclusion_proof",
+        json!(p),
+    )
+    .await?;
     let hashes = state
         .merkle
         .inclusion_proof(seq, tree_size)
@@ -307,6 +329,7 @@ async fn inclusion(
 /// `GET /v1/audit/proofs/consistency?from=&to=`.
 async fn consistency(
     State(state): State<AppState>,
+    Extension(origin): Extension<Origin>,
     headers: HeaderMap,
     query: Params,
 ) -> Result<Response, Problem> {
@@ -321,7 +344,14 @@ async fn consistency(
     }
     let from = parse_u64(&p, "from", 0)?;
     let to = parse_u64(&p, "to", 0)?;
-    record_access(&state, &caller, "consistency_proof", json!(p)).await?;
+    record_access(
+        &state,
+        &caller,
+        &origin.trace_id,
+        "consistency_proof",
+        json!(p),
+    )
+    .await?;
     let hashes = state
         .merkle
         .consistency_proof(from, to)
@@ -342,6 +372,7 @@ async fn consistency(
 /// matching events covered by the latest signed checkpoint, with their inclusion proofs.
 async fn export(
     State(state): State<AppState>,
+    Extension(origin): Extension<Origin>,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, Problem> {
@@ -415,7 +446,14 @@ async fn export(
             "no signed checkpoint exists yet, so nothing can be proven; retry after the first one",
         ));
     };
-    record_access(&state, &caller, "export", Value::Object(filters.clone())).await?;
+    record_access(
+        &state,
+        &caller,
+        &origin.trace_id,
+        "export",
+        Value::Object(filters.clone()),
+    )
+    .await?;
     let mut events = Vec::new();
     let mut after = 0;
     while (events.len() as u64) < limit {

@@ -11,7 +11,10 @@ use axum::routing::{get, post};
 use serde_json::json;
 
 use crate::auth::Role;
-use crate::http::{AppState, Problem, authorize};
+use aether_control::Origin;
+use axum::Extension;
+
+use crate::http::{AppState, Problem, authorize, origin_of};
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -53,15 +56,17 @@ fn model_problem(e: ModelError) -> Problem {
 /// `POST /v1/models` (operator): `{ref, uri, digest, feature_schema}` → `ModelRegistered`.
 async fn register_model(
     State(state): State<AppState>,
+    Extension(origin): Extension<Origin>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, Problem> {
     let caller = authorize(&state, &headers, &[Role::Operator])?;
+    let origin = origin_of(&origin, &caller);
     let spec: ModelSpec = json_body(
         &body,
         "model registration {ref, uri, digest, feature_schema}",
     )?;
-    match state.models.register(spec.clone(), &caller.actor).await {
+    match state.models.register(spec.clone(), &origin).await {
         Ok(Some(event)) => Ok((
             StatusCode::CREATED,
             axum::Json(json!({ "model": spec, "event": event })),
@@ -83,19 +88,17 @@ async fn list_models(
 /// `POST /v1/engine/activate` (operator): 202 with the request event; the steps follow.
 async fn activate(
     State(state): State<AppState>,
+    Extension(origin): Extension<Origin>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, Problem> {
     let caller = authorize(&state, &headers, &[Role::Operator])?;
+    let origin = origin_of(&origin, &caller);
     let request: ActivationRequest = json_body(
         &body,
         "activation {model_ref, traffic_weight, policy_hooks}",
     )?;
-    match state
-        .engines
-        .request_activation(request, &caller.actor)
-        .await
-    {
+    match state.engines.request_activation(request, &origin).await {
         Ok((event, _task)) => {
             let region = event.stream_id.trim_start_matches("engine/").to_owned();
             Ok((
@@ -173,14 +176,16 @@ fn format_of(headers: &HeaderMap) -> Result<PolicyFormat, Problem> {
 /// `POST /v1/policy/ingest` (operator): a policy document as JSON or YAML.
 async fn ingest(
     State(state): State<AppState>,
+    Extension(origin): Extension<Origin>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, Problem> {
     let caller = authorize(&state, &headers, &[Role::Operator])?;
+    let origin = origin_of(&origin, &caller);
     let format = format_of(&headers)?;
     let source = std::str::from_utf8(&body)
         .map_err(|e| Problem::bad_request(format!("the policy document is not UTF-8: {e}")))?;
-    match state.policies.ingest(source, format, &caller.actor).await {
+    match state.policies.ingest(source, format, &origin).await {
         Ok((record, Some(event))) => Ok((
             StatusCode::CREATED,
             axum::Json(json!({ "policy": record, "event": event })),

@@ -18,6 +18,8 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
 use serde_json::json;
 
+use aether_control::Origin;
+
 use crate::auth::{Caller, Role, Tokens};
 
 /// Largest request body: several events of up to 1 MiB each.
@@ -49,8 +51,49 @@ pub fn router(state: AppState) -> Router {
         .merge(crate::audit_http::routes())
         .merge(crate::control_http::routes())
         .fallback(not_found)
+        .layer(axum::middleware::from_fn(colour))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
+}
+
+/// Traffic colouring on every call: validates `X-Trace-ID`, `traceparent`,
+/// `X-Model-Stage` and `X-Semantic-Tag` (400 when malformed), generates a trace id when
+/// absent, hands the [`Origin`] (without actor) to handlers, and returns `X-Trace-ID`.
+async fn colour(mut request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let origin = {
+        let headers = request.headers();
+        let header = |name: &str| {
+            headers
+                .get(name)
+                .map(|v| v.to_str().unwrap_or("\u{fffd}").to_owned())
+        };
+        Origin::from_headers(
+            "",
+            header("x-trace-id").as_deref(),
+            header("traceparent").as_deref(),
+            header("x-model-stage").as_deref(),
+            header("x-semantic-tag").as_deref(),
+        )
+    };
+    let origin = match origin {
+        Ok(o) => o,
+        Err(e) => return Problem::bad_request(e.to_string()).into_response(),
+    };
+    let trace_id = HeaderValue::from_str(&origin.trace_id).ok();
+    request.extensions_mut().insert(origin);
+    let mut response = next.run(request).await;
+    if let Some(id) = trace_id {
+        response.headers_mut().insert("x-trace-id", id);
+    }
+    response
+}
+
+/// The request's colouring with the authenticated caller as actor.
+pub(crate) fn origin_of(request_origin: &Origin, caller: &Caller) -> Origin {
+    Origin {
+        actor: caller.actor.clone(),
+        ..request_origin.clone()
+    }
 }
 
 /// An RFC 9457 problem.

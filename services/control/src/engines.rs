@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::models::{ModelError, ModelRegistry, check_artifact, region_of};
+use crate::origin::Origin;
 use crate::policies::PolicyRegistry;
 
 pub const ACTIVATION_REQUESTED: &str = "EngineActivationRequested";
@@ -173,7 +174,7 @@ impl EngineRegistry {
     pub async fn request_activation(
         &self,
         request: ActivationRequest,
-        actor: &str,
+        origin: &Origin,
     ) -> Result<(Committed, tokio::task::JoinHandle<()>), EngineError> {
         let region = region_of(&request.model_ref)?.to_owned();
         if !(request.traffic_weight > 0.0 && request.traffic_weight <= 1.0) {
@@ -204,13 +205,13 @@ impl EngineRegistry {
             ACTIVATION_REQUESTED,
             serde_json::to_value(&request).unwrap_or_default(),
         )
-        .with_metadata(json!({ "actor": actor }));
+        .with_metadata(origin.metadata(json!({})));
         let committed = self.append(&region, expected, event).await?;
         let runner = self.clone();
-        let actor = actor.to_owned();
+        let origin = origin.clone();
         let request_event = committed.clone();
         let task = tokio::spawn(async move {
-            runner.run_activation(request, request_event, &actor).await;
+            runner.run_activation(request, request_event, &origin).await;
         });
         Ok((committed, task))
     }
@@ -252,18 +253,22 @@ impl EngineRegistry {
         payload: Value,
         correlation: &Committed,
         cause: &Committed,
-        actor: &str,
+        origin: &Origin,
     ) -> Result<Committed, EngineError> {
-        let event = NewEvent::new(kind, payload).with_metadata(json!({
-            "actor": actor,
+        let event = NewEvent::new(kind, payload).with_metadata(origin.metadata(json!({
             "correlation_id": correlation.event_id,
             "causation_id": cause.event_id,
-        }));
+        })));
         self.append(region, ExpectedVersion::Exact(cause.stream_version), event)
             .await
     }
 
-    async fn run_activation(&self, request: ActivationRequest, requested: Committed, actor: &str) {
+    async fn run_activation(
+        &self,
+        request: ActivationRequest,
+        requested: Committed,
+        origin: &Origin,
+    ) {
         let region = region_of(&request.model_ref)
             .map(str::to_owned)
             .unwrap_or_default();
@@ -278,7 +283,7 @@ impl EngineRegistry {
                 .await
                 .map_err(|e| ("model", e.to_string()))?;
             last = self
-                .step(&region, MODEL_VERIFIED, json!({"model_ref": model.model_ref, "digest": model.digest, "uri": model.uri}), &requested, &last, actor)
+                .step(&region, MODEL_VERIFIED, json!({"model_ref": model.model_ref, "digest": model.digest, "uri": model.uri}), &requested, &last, origin)
                 .await
                 .map_err(|e| ("model", e.to_string()))?;
             // 2. Every hook names an ingested policy.
@@ -292,16 +297,16 @@ impl EngineRegistry {
                 bound.push(json!({"name": hook, "version": policy.version(), "digest": policy.digest_hex()}));
             }
             last = self
-                .step(&region, POLICIES_BOUND, json!({"hooks": bound, "rules_digest": rules.digest_hex()}), &requested, &last, actor)
+                .step(&region, POLICIES_BOUND, json!({"hooks": bound, "rules_digest": rules.digest_hex()}), &requested, &last, origin)
                 .await
                 .map_err(|e| ("policies", e.to_string()))?;
             // 3. A circuit breaker for the region.
             last = self
-                .step(&region, BREAKER_REGISTERED, json!({"region": region, "max_error_rate": 0.05, "max_p99_ms": 420}), &requested, &last, actor)
+                .step(&region, BREAKER_REGISTERED, json!({"region": region, "max_error_rate": 0.05, "max_p99_ms": 420}), &requested, &last, origin)
                 .await
                 .map_err(|e| ("circuit_breaker", e.to_string()))?;
             last = self
-                .step(&region, ACTIVATED, json!({"model_ref": request.model_ref, "traffic_weight": request.traffic_weight, "policy_hooks": request.policy_hooks, "rules_digest": rules.digest_hex()}), &requested, &last, actor)
+                .step(&region, ACTIVATED, json!({"model_ref": request.model_ref, "traffic_weight": request.traffic_weight, "policy_hooks": request.policy_hooks, "rules_digest": rules.digest_hex()}), &requested, &last, origin)
                 .await
                 .map_err(|e| ("activate", e.to_string()))?;
             Ok(())
@@ -315,7 +320,7 @@ impl EngineRegistry {
                     json!({ "step": step, "reason": reason }),
                     &requested,
                     &last,
-                    actor,
+                    origin,
                 )
                 .await;
             if let Err(e) = failed {

@@ -6,8 +6,10 @@
 
 pub mod engines;
 pub mod models;
+pub mod origin;
 pub mod policies;
 
 pub use engines::{ActivationRequest, EngineError, EngineRegistry, EngineState, EngineStatus};
 pub use models::{ModelError, ModelRegistry, ModelSpec};
+pub use origin::{ColouringError, Origin};
 pub use policies::{IngestError, PolicyRecord, PolicyRegistry};

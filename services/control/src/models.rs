@@ -12,6 +12,8 @@ use aether_ledger::{
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use crate::origin::Origin;
+
 /// Event type of a registration.
 pub const MODEL_REGISTERED: &str = "ModelRegistered";
 
@@ -161,7 +163,7 @@ impl ModelRegistry {
     pub async fn register(
         &self,
         spec: ModelSpec,
-        actor: &str,
+        origin: &Origin,
     ) -> Result<Option<Committed>, ModelError> {
         region_of(&spec.model_ref)?;
         hex_hash::parse(&spec.digest)
@@ -181,7 +183,7 @@ impl ModelRegistry {
         check_artifact(&spec.uri, &spec.digest).await?;
         let payload = serde_json::to_value(&spec).unwrap_or_default();
         let event =
-            NewEvent::new(MODEL_REGISTERED, payload).with_metadata(json!({ "actor": actor }));
+            NewEvent::new(MODEL_REGISTERED, payload).with_metadata(origin.metadata(json!({})));
         let committed = match self
             .store
             .append(

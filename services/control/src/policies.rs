@@ -13,6 +13,8 @@ use aether_rules::{CompiledPolicy, PolicyError, PolicyFormat, RuleEngine};
 use serde::Serialize;
 use serde_json::json;
 
+use crate::origin::Origin;
+
 /// Event type of an accepted policy version.
 pub const POLICY_INGESTED: &str = "PolicyIngested";
 /// Event type of a refused ingest.
@@ -161,12 +163,12 @@ impl PolicyRegistry {
         &self,
         source: &str,
         format: PolicyFormat,
-        actor: &str,
+        origin: &Origin,
     ) -> Result<(PolicyRecord, Option<Committed>), IngestError> {
         let policy = match compile(source.to_owned(), format).await {
             Ok(p) => p,
             Err(e) => {
-                self.reject(source, None, &e.to_string(), actor).await?;
+                self.reject(source, None, &e.to_string(), origin).await?;
                 return Err(IngestError::Invalid(e));
             }
         };
@@ -181,7 +183,7 @@ impl PolicyRegistry {
                 version: same.version.clone(),
                 existing: same.digest.clone(),
             };
-            self.reject(source, Some(&policy), &err.to_string(), actor)
+            self.reject(source, Some(&policy), &err.to_string(), origin)
                 .await?;
             return Err(err);
         }
@@ -199,7 +201,7 @@ impl PolicyRegistry {
                 "source": canonical,
             }),
         )
-        .with_metadata(json!({ "actor": actor }));
+        .with_metadata(origin.metadata(json!({})));
         let expected = ExpectedVersion::Exact(existing.last().map_or(0, |r| r.stream_version));
         let committed = match self
             .store
@@ -231,7 +233,7 @@ impl PolicyRegistry {
         source: &str,
         policy: Option<&CompiledPolicy>,
         reason: &str,
-        actor: &str,
+        origin: &Origin,
     ) -> Result<(), LedgerError> {
         // Keep what was tried, bounded, so that the rejection event stays small.
         let tried: String = source.chars().take(16 * 1024).collect();
@@ -245,7 +247,7 @@ impl PolicyRegistry {
                 "source_truncated": tried.len() < source.len(),
             }),
         )
-        .with_metadata(json!({ "actor": actor }));
+        .with_metadata(origin.metadata(json!({})));
         self.store
             .append(REJECTIONS_STREAM, ExpectedVersion::Any, vec![event])
             .await

@@ -2,7 +2,7 @@
 
 use aether_control::{
     ActivationRequest, EngineError, EngineRegistry, EngineStatus, ModelError, ModelRegistry,
-    ModelSpec, PolicyRegistry,
+    ModelSpec, Origin, PolicyRegistry,
 };
 use aether_ledger::testing::TestDatabase;
 use aether_ledger::{EventStore, ExpectedVersion, NewEvent, StoreConfig};
@@ -44,7 +44,7 @@ async fn scenario(url: &str, dir: &std::path::Path) {
     )
     .unwrap();
     policies
-        .ingest(&aml, PolicyFormat::Yaml, "operator:a")
+        .ingest(&aml, PolicyFormat::Yaml, &Origin::from("operator:a"))
         .await
         .unwrap();
 
@@ -56,14 +56,14 @@ async fn scenario(url: &str, dir: &std::path::Path) {
     );
     assert!(
         models
-            .register(good.clone(), "operator:a")
+            .register(good.clone(), &Origin::from("operator:a"))
             .await
             .unwrap()
             .is_some()
     );
     assert!(
         models
-            .register(good.clone(), "operator:a")
+            .register(good.clone(), &Origin::from("operator:a"))
             .await
             .unwrap()
             .is_none(),
@@ -72,7 +72,7 @@ async fn scenario(url: &str, dir: &std::path::Path) {
     let mut other = good.clone();
     other.digest = "00".repeat(32);
     assert!(matches!(
-        models.register(other, "operator:a").await,
+        models.register(other, &Origin::from("operator:a")).await,
         Err(ModelError::AlreadyRegistered(_))
     ));
     let mut wrong = spec(
@@ -82,12 +82,12 @@ async fn scenario(url: &str, dir: &std::path::Path) {
     );
     wrong.digest = "11".repeat(32);
     assert!(matches!(
-        models.register(wrong, "operator:a").await,
+        models.register(wrong, &Origin::from("operator:a")).await,
         Err(ModelError::DigestMismatch { .. })
     ));
     let bad_ref = spec("no-region", &dir.join("x.bin"), b"x");
     assert!(matches!(
-        models.register(bad_ref, "operator:a").await,
+        models.register(bad_ref, &Origin::from("operator:a")).await,
         Err(ModelError::BadRef(_))
     ));
 
@@ -112,7 +112,10 @@ async fn scenario(url: &str, dir: &std::path::Path) {
         ),
     ] {
         assert!(
-            engines.request_activation(req, "operator:a").await.is_err(),
+            engines
+                .request_activation(req, &Origin::from("operator:a"))
+                .await
+                .is_err(),
             "{what}"
         );
     }
@@ -122,7 +125,7 @@ async fn scenario(url: &str, dir: &std::path::Path) {
     let (requested, task) = engines
         .request_activation(
             request("finmoe-7b-v3@sgp-region", 0.1, &["aml_v2"]),
-            "operator:a",
+            &Origin::from("operator:a"),
         )
         .await
         .unwrap();
@@ -158,7 +161,10 @@ async fn scenario(url: &str, dir: &std::path::Path) {
 
     // Failures are events naming the step and reason.
     let (_, task) = engines
-        .request_activation(request("ghost-1@eu-region", 0.5, &[]), "operator:a")
+        .request_activation(
+            request("ghost-1@eu-region", 0.5, &[]),
+            &Origin::from("operator:a"),
+        )
         .await
         .unwrap();
     task.await.unwrap();
@@ -171,7 +177,7 @@ async fn scenario(url: &str, dir: &std::path::Path) {
     let (_, task) = engines
         .request_activation(
             request("finmoe-7b-v3@sgp-region", 0.2, &["basel3_delta"]),
-            "operator:a",
+            &Origin::from("operator:a"),
         )
         .await
         .unwrap();
@@ -190,7 +196,7 @@ async fn scenario(url: &str, dir: &std::path::Path) {
     let (_, task) = engines
         .request_activation(
             request("finmoe-7b-v3@sgp-region", 0.2, &["aml_v2"]),
-            "operator:a",
+            &Origin::from("operator:a"),
         )
         .await
         .unwrap();
@@ -218,7 +224,10 @@ async fn scenario(url: &str, dir: &std::path::Path) {
     assert_eq!(reloaded_models.all(), models.all());
     assert!(matches!(
         reloaded
-            .request_activation(request("finmoe-7b-v3@apac-region", 0.5, &[]), "operator:a")
+            .request_activation(
+                request("finmoe-7b-v3@apac-region", 0.5, &[]),
+                &Origin::from("operator:a")
+            )
             .await,
         Err(EngineError::Busy { .. })
     ));

@@ -1,7 +1,7 @@
 //! The policy registry on a real ledger (SQLite file and PostgreSQL): ingest, refusals
 //! recorded, hot swap, and the same state after a restart.
 
-use aether_control::{IngestError, PolicyRegistry, policies::REJECTIONS_STREAM};
+use aether_control::{IngestError, Origin, PolicyRegistry, policies::REJECTIONS_STREAM};
 use aether_ledger::testing::TestDatabase;
 use aether_ledger::{Direction, EventStore, StoreConfig};
 use aether_rules::PolicyFormat;
@@ -26,7 +26,11 @@ async fn scenario(url: &str) {
         .unwrap();
     let registry = PolicyRegistry::load(store.clone()).await.unwrap();
     let (record, committed) = registry
-        .ingest(&example("aml_v2"), PolicyFormat::Yaml, "operator:alice")
+        .ingest(
+            &example("aml_v2"),
+            PolicyFormat::Yaml,
+            &Origin::from("operator:alice"),
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -50,7 +54,11 @@ async fn scenario(url: &str) {
     // Identical re-ingest: nothing new on the ledger.
     let head = store.head().await.unwrap();
     let (again, none) = registry
-        .ingest(&example("aml_v2"), PolicyFormat::Yaml, "operator:alice")
+        .ingest(
+            &example("aml_v2"),
+            PolicyFormat::Yaml,
+            &Origin::from("operator:alice"),
+        )
         .await
         .unwrap();
     assert!(none.is_none());
@@ -60,7 +68,7 @@ async fn scenario(url: &str) {
     // Same version, different rules: refused and recorded; nothing else changes.
     let changed = example("aml_v2").replace("severity: medium", "severity: low");
     let err = registry
-        .ingest(&changed, PolicyFormat::Yaml, "operator:bob")
+        .ingest(&changed, PolicyFormat::Yaml, &Origin::from("operator:bob"))
         .await
         .unwrap_err();
     assert!(matches!(err, IngestError::VersionExists { .. }), "{err}");
@@ -72,7 +80,7 @@ async fn scenario(url: &str) {
             "request.amount_minor >= (",
         );
     let err = registry
-        .ingest(&broken, PolicyFormat::Yaml, "operator:bob")
+        .ingest(&broken, PolicyFormat::Yaml, &Origin::from("operator:bob"))
         .await
         .unwrap_err();
     let message = err.to_string();
@@ -100,14 +108,14 @@ async fn scenario(url: &str) {
     // A new version and a second policy.
     let v21 = example("aml_v2").replace("version: 2.0.0", "version: 2.1.0");
     registry
-        .ingest(&v21, PolicyFormat::Yaml, "operator:alice")
+        .ingest(&v21, PolicyFormat::Yaml, &Origin::from("operator:alice"))
         .await
         .unwrap();
     registry
         .ingest(
             &example("basel3_delta"),
             PolicyFormat::Yaml,
-            "operator:alice",
+            &Origin::from("operator:alice"),
         )
         .await
         .unwrap();
