@@ -8,8 +8,12 @@ pub mod engines;
 pub mod models;
 pub mod origin;
 pub mod policies;
+pub mod rollouts;
 
 pub use engines::{ActivationRequest, EngineError, EngineRegistry, EngineState, EngineStatus};
 pub use models::{ModelError, ModelRegistry, ModelSpec};
 pub use origin::{ColouringError, Origin};
 pub use policies::{IngestError, PolicyRecord, PolicyRegistry};
+pub use rollouts::{
+    Command, RolloutError, RolloutPhase, RolloutRegistry, RolloutRequest, RolloutState,
+};

@@ -1,0 +1,404 @@
+//! Progressive rollouts as events on `rollout/{id}`, with the state machine enforced:
+//! `RolloutStarted` → `RolloutStepped`* (weights from the step list) → `RolloutPromoted`
+//! (candidate at 100 %) or `RolloutAborted` (candidate at 0 %), with `RolloutPaused` /
+//! `RolloutResumed` between steps. Each command is checked against the stream's version,
+//! so two conflicting commands cannot both land: the second is told what changed.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use aether_ledger::{
+    Committed, EventFilter, EventStore, ExpectedVersion, LedgerError, NewEvent, RecordedEvent,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::models::{ModelError, ModelRegistry, region_of};
+use crate::origin::Origin;
+
+pub const STARTED: &str = "RolloutStarted";
+pub const STEPPED: &str = "RolloutStepped";
+pub const PAUSED: &str = "RolloutPaused";
+pub const RESUMED: &str = "RolloutResumed";
+pub const PROMOTED: &str = "RolloutPromoted";
+pub const ABORTED: &str = "RolloutAborted";
+
+/// Default traffic steps for the candidate, in percent.
+pub const DEFAULT_STEPS: [u32; 7] = [1, 2, 5, 10, 25, 50, 100];
+
+/// What an operator asks for.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RolloutRequest {
+    pub baseline: String,
+    pub candidate: String,
+    #[serde(default = "default_steps")]
+    pub steps: Vec<u32>,
+    /// Analysis settings, kept as given for the rollout controller (issue 7).
+    #[serde(default)]
+    pub analysis: serde_json::Map<String, serde_json::Value>,
+}
+
+fn default_steps() -> Vec<u32> {
+    DEFAULT_STEPS.to_vec()
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RolloutPhase {
+    Progressing,
+    Paused,
+    Promoted,
+    Aborted,
+}
+
+/// A rollout as the projection sees it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RolloutState {
+    pub id: String,
+    pub region: String,
+    pub baseline: String,
+    pub candidate: String,
+    pub steps: Vec<u32>,
+    /// Index into `steps` of the current weight; `None` before the first step.
+    pub step_index: Option<usize>,
+    /// The candidate's share of traffic, in percent.
+    pub candidate_weight: u32,
+    pub phase: RolloutPhase,
+    pub version: u64,
+    /// Event id of `RolloutStarted` (parent of every step in lineage).
+    pub started_event_id: String,
+}
+
+/// A command on a running rollout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    Step,
+    Pause,
+    Resume,
+    Promote,
+    Abort,
+}
+
+impl std::str::FromStr for Command {
+    type Err = RolloutError;
+    fn from_str(s: &str) -> Result<Command, RolloutError> {
+        Ok(match s {
+            "step" => Command::Step,
+            "pause" => Command::Pause,
+            "resume" => Command::Resume,
+            "promote" => Command::Promote,
+            "abort" => Command::Abort,
+            other => return Err(RolloutError::UnknownCommand(other.to_owned())),
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RolloutError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("model {0:?} is not registered")]
+    UnknownModel(String),
+    #[error(
+        "baseline and candidate must be different models of one region, got {baseline:?} and {candidate:?}"
+    )]
+    BadPair { baseline: String, candidate: String },
+    #[error("steps must rise strictly within 1..=100 and end at 100, got {0:?}")]
+    BadSteps(Vec<u32>),
+    #[error("region {region} already has rollout {id} in progress; promote or abort it first")]
+    RegionBusy { region: String, id: String },
+    #[error("no rollout {0:?}")]
+    NotFound(String),
+    #[error("unknown rollout command {0:?}: expected step, pause, resume, promote or abort")]
+    UnknownCommand(String),
+    #[error("cannot {command} rollout {id}: it is {phase}")]
+    InvalidTransition {
+        id: String,
+        command: &'static str,
+        phase: &'static str,
+    },
+    #[error(
+        "rollout {id} is at version {actual}, not the expected {expected}; reload it and retry"
+    )]
+    Stale {
+        id: String,
+        expected: u64,
+        actual: u64,
+    },
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+}
+
+impl RolloutPhase {
+    fn name(self) -> &'static str {
+        match self {
+            RolloutPhase::Progressing => "progressing",
+            RolloutPhase::Paused => "paused",
+            RolloutPhase::Promoted => "promoted",
+            RolloutPhase::Aborted => "aborted",
+        }
+    }
+}
+
+impl Command {
+    fn name(self) -> &'static str {
+        match self {
+            Command::Step => "step",
+            Command::Pause => "pause",
+            Command::Resume => "resume",
+            Command::Promote => "promote",
+            Command::Abort => "abort",
+        }
+    }
+}
+
+/// Rollouts by id, rebuilt from the ledger.
+#[derive(Clone)]
+pub struct RolloutRegistry {
+    store: EventStore,
+    models: ModelRegistry,
+    rollouts: Arc<RwLock<BTreeMap<String, RolloutState>>>,
+}
+
+impl RolloutRegistry {
+    pub async fn load(store: EventStore, models: ModelRegistry) -> Result<Self, LedgerError> {
+        let registry = RolloutRegistry {
+            store,
+            models,
+            rollouts: Arc::default(),
+        };
+        let filter = EventFilter {
+            stream_prefix: Some("rollout/".into()),
+            ..EventFilter::default()
+        };
+        let mut after = 0;
+        loop {
+            let page = registry.store.query(&filter, after, 500).await?;
+            let Some(last) = page.last() else { break };
+            after = last.seq;
+            for e in &page {
+                registry.apply(e);
+            }
+        }
+        Ok(registry)
+    }
+
+    pub fn get(&self, id: &str) -> Option<RolloutState> {
+        self.rollouts.read().ok()?.get(id).cloned()
+    }
+
+    pub fn all(&self) -> Vec<RolloutState> {
+        self.rollouts
+            .read()
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn apply(&self, event: &RecordedEvent) {
+        let Some(id) = event.stream_id.strip_prefix("rollout/") else {
+            return;
+        };
+        let p = event.payload_value().unwrap_or_default();
+        let Ok(mut map) = self.rollouts.write() else {
+            return;
+        };
+        if event.event_type == STARTED {
+            let request: Option<RolloutRequest> = serde_json::from_value(p["request"].clone()).ok();
+            if let Some(r) = request {
+                map.insert(
+                    id.to_owned(),
+                    RolloutState {
+                        id: id.to_owned(),
+                        region: p["region"].as_str().unwrap_or_default().to_owned(),
+                        baseline: r.baseline,
+                        candidate: r.candidate,
+                        steps: r.steps,
+                        step_index: None,
+                        candidate_weight: 0,
+                        phase: RolloutPhase::Progressing,
+                        version: event.stream_version,
+                        started_event_id: event.event_id.to_string(),
+                    },
+                );
+            }
+            return;
+        }
+        let Some(state) = map.get_mut(id) else { return };
+        state.version = event.stream_version;
+        match event.event_type.as_str() {
+            STEPPED => {
+                state.step_index = p["step_index"].as_u64().map(|i| i as usize);
+                state.candidate_weight = p["to_weight"].as_u64().unwrap_or(0) as u32;
+            }
+            PAUSED => state.phase = RolloutPhase::Paused,
+            RESUMED => state.phase = RolloutPhase::Progressing,
+            PROMOTED => {
+                state.phase = RolloutPhase::Promoted;
+                state.candidate_weight = 100;
+            }
+            ABORTED => {
+                state.phase = RolloutPhase::Aborted;
+                state.candidate_weight = 0;
+            }
+            _ => {}
+        }
+    }
+
+    /// Starts a rollout after checking both models, the region and the steps.
+    pub async fn start(
+        &self,
+        request: RolloutRequest,
+        origin: &Origin,
+    ) -> Result<(RolloutState, Committed), RolloutError> {
+        let region = region_of(&request.baseline)?.to_owned();
+        let candidate_region = region_of(&request.candidate)?;
+        if candidate_region != region || request.baseline == request.candidate {
+            return Err(RolloutError::BadPair {
+                baseline: request.baseline,
+                candidate: request.candidate,
+            });
+        }
+        for model in [&request.baseline, &request.candidate] {
+            if self.models.get(model).is_none() {
+                return Err(RolloutError::UnknownModel(model.clone()));
+            }
+        }
+        let steps_ok = !request.steps.is_empty()
+            && request.steps.windows(2).all(|w| w[0] < w[1])
+            && request.steps.first().is_some_and(|s| *s >= 1)
+            && request.steps.last() == Some(&100);
+        if !steps_ok {
+            return Err(RolloutError::BadSteps(request.steps));
+        }
+        if let Some(busy) = self.all().into_iter().find(|r| {
+            r.region == region
+                && matches!(r.phase, RolloutPhase::Progressing | RolloutPhase::Paused)
+        }) {
+            return Err(RolloutError::RegionBusy {
+                region,
+                id: busy.id,
+            });
+        }
+        let id = uuid::Uuid::now_v7().simple().to_string();
+        let event = NewEvent::new(
+            STARTED,
+            json!({ "rollout_id": id, "region": region, "request": request }),
+        )
+        .with_metadata(origin.metadata(json!({})));
+        let committed = self.append(&id, ExpectedVersion::NoStream, event).await?;
+        let state = self
+            .get(&id)
+            .ok_or_else(|| RolloutError::NotFound(id.clone()))?;
+        Ok((state, committed))
+    }
+
+    /// Applies `command` if the state machine allows it and the rollout is still at
+    /// `expected_version` (when given).
+    pub async fn command(
+        &self,
+        id: &str,
+        command: Command,
+        expected_version: Option<u64>,
+        reason: Option<&str>,
+        origin: &Origin,
+    ) -> Result<(RolloutState, Committed), RolloutError> {
+        let state = self
+            .get(id)
+            .ok_or_else(|| RolloutError::NotFound(id.to_owned()))?;
+        if let Some(expected) = expected_version
+            && expected != state.version
+        {
+            return Err(RolloutError::Stale {
+                id: id.to_owned(),
+                expected,
+                actual: state.version,
+            });
+        }
+        let invalid = || RolloutError::InvalidTransition {
+            id: id.to_owned(),
+            command: command.name(),
+            phase: state.phase.name(),
+        };
+        let (kind, payload) = match (command, state.phase) {
+            (Command::Step, RolloutPhase::Progressing) => {
+                let next = state.step_index.map_or(0, |i| i + 1);
+                let Some(&to) = state.steps.get(next) else {
+                    return Err(RolloutError::InvalidTransition {
+                        id: id.to_owned(),
+                        command: "step",
+                        phase: "at its last step (promote it)",
+                    });
+                };
+                (
+                    STEPPED,
+                    json!({"step_index": next, "from_weight": state.candidate_weight, "to_weight": to,
+                           "rollout_event_id": state.started_event_id}),
+                )
+            }
+            (Command::Pause, RolloutPhase::Progressing) => (
+                PAUSED,
+                json!({"reason": reason, "weight": state.candidate_weight, "rollout_event_id": state.started_event_id}),
+            ),
+            (Command::Resume, RolloutPhase::Paused) => (
+                RESUMED,
+                json!({"weight": state.candidate_weight, "rollout_event_id": state.started_event_id}),
+            ),
+            (Command::Promote, RolloutPhase::Progressing | RolloutPhase::Paused) => (
+                PROMOTED,
+                json!({"from_weight": state.candidate_weight, "to_weight": 100, "rollout_event_id": state.started_event_id}),
+            ),
+            (Command::Abort, RolloutPhase::Progressing | RolloutPhase::Paused) => (
+                ABORTED,
+                json!({"reason": reason, "from_weight": state.candidate_weight, "to_weight": 0,
+                       "rollout_event_id": state.started_event_id}),
+            ),
+            _ => return Err(invalid()),
+        };
+        let event = NewEvent::new(kind, payload)
+            .with_metadata(origin.metadata(json!({"correlation_id": state.started_event_id})));
+        let committed = self
+            .append(id, ExpectedVersion::Exact(state.version), event)
+            .await?;
+        let state = self
+            .get(id)
+            .ok_or_else(|| RolloutError::NotFound(id.to_owned()))?;
+        Ok((state, committed))
+    }
+
+    async fn append(
+        &self,
+        id: &str,
+        expected: ExpectedVersion,
+        event: NewEvent,
+    ) -> Result<Committed, RolloutError> {
+        let committed = match self
+            .store
+            .append(&format!("rollout/{id}"), expected, vec![event])
+            .await
+        {
+            Ok(mut c) => c.remove(0),
+            Err(LedgerError::WrongExpectedVersion { actual, .. }) => {
+                return Err(RolloutError::Stale {
+                    id: id.to_owned(),
+                    expected: match expected {
+                        ExpectedVersion::Exact(v) => v,
+                        _ => 0,
+                    },
+                    actual,
+                });
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if let Some(e) = self
+            .store
+            .read_all(committed.seq, 1)
+            .await?
+            .into_iter()
+            .next()
+        {
+            self.apply(&e);
+        }
+        Ok(committed)
+    }
+}
