@@ -428,3 +428,106 @@ async fn traffic_colouring_is_validated_returned_and_recorded() {
         "4bf92f3577b34da6a3ce929d0e0e4736"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_follows_its_state_machine_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let client = http();
+    let post = |path: String, body: Value| {
+        client
+            .post(server.url(&path))
+            .bearer_auth(OPERATOR_TOKEN)
+            .json(&body)
+            .send()
+    };
+    for (name, bytes) in [("v3", b"three".as_slice()), ("v4", b"four".as_slice())] {
+        let path = dir.path().join(format!("{name}.bin"));
+        std::fs::write(&path, bytes).unwrap();
+        let model = serde_json::json!({"ref": format!("finmoe-7b-{name}@sgp-region"),
+            "uri": path.to_str().unwrap(), "digest": hex::encode(aether_ledger::hashing::sm3(bytes)),
+            "feature_schema": {"amount_minor": "int"}});
+        assert_eq!(
+            post("/v1/models".into(), model).await.unwrap().status(),
+            201
+        );
+    }
+    let bad = serde_json::json!({"baseline": "finmoe-7b-v3@sgp-region", "candidate": "finmoe-7b-v4@sgp-region", "steps": [50, 10]});
+    assert_eq!(
+        post("/v1/rollouts".into(), bad).await.unwrap().status(),
+        422
+    );
+    let resp = post(
+        "/v1/rollouts".into(),
+        serde_json::json!({"baseline": "finmoe-7b-v3@sgp-region", "candidate": "finmoe-7b-v4@sgp-region"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(resp.status(), 201);
+    let started: Value = resp.json().await.unwrap();
+    let id = started["rollout"]["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        started["rollout"]["steps"],
+        serde_json::json!([1, 2, 5, 10, 25, 50, 100])
+    );
+
+    let step: Value = post(format!("/v1/rollouts/{id}/step"), serde_json::json!({}))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(step["rollout"]["candidate_weight"], 1);
+    let version = step["rollout"]["version"].as_u64().unwrap();
+    let stale = post(
+        format!("/v1/rollouts/{id}/step"),
+        serde_json::json!({"expected_version": version - 1}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(stale.status(), 409);
+    let resp = post(
+        format!("/v1/rollouts/{id}/abort"),
+        serde_json::json!({"reason": "latency"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(resp.status(), 200);
+    let resp = post(format!("/v1/rollouts/{id}/step"), serde_json::json!({}))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 409);
+    let problem: Value = resp.json().await.unwrap();
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .ends_with("it is aborted"),
+        "{problem}"
+    );
+    assert_eq!(
+        post(format!("/v1/rollouts/{id}/teleport"), serde_json::json!({}))
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    assert_eq!(
+        post("/v1/rollouts/nope/step".into(), serde_json::json!({}))
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    let got: Value = client
+        .get(server.url(&format!("/v1/rollouts/{id}")))
+        .bearer_auth(REGULATOR_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(got["phase"], "aborted");
+    assert_eq!(got["candidate_weight"], 0);
+}

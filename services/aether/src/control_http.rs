@@ -1,6 +1,9 @@
 //! The control plane's HTTP surface built so far: policy ingest and listing.
 
-use aether_control::{ActivationRequest, EngineError, IngestError, ModelError, ModelSpec};
+use aether_control::{
+    ActivationRequest, Command, EngineError, IngestError, ModelError, ModelSpec, RolloutError,
+    RolloutRequest,
+};
 use aether_rules::{PolicyError, PolicyFormat};
 use axum::Router;
 use axum::body::Bytes;
@@ -25,6 +28,118 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/engine/activate", post(activate))
         .route("/v1/engines", get(list_engines))
         .route("/v1/engines/{region}", get(engine))
+        .route("/v1/rollouts", post(start_rollout).get(list_rollouts))
+        .route("/v1/rollouts/{id}", get(rollout))
+        .route("/v1/rollouts/{id}/{command}", post(rollout_command))
+}
+
+fn rollout_problem(e: RolloutError) -> Problem {
+    match e {
+        RolloutError::Model(e) => model_problem(e),
+        RolloutError::Ledger(e) => e.into(),
+        e @ RolloutError::NotFound(_) => {
+            Problem::new(StatusCode::NOT_FOUND, "Not found", e.to_string())
+        }
+        e @ (RolloutError::InvalidTransition { .. }
+        | RolloutError::Stale { .. }
+        | RolloutError::RegionBusy { .. }) => {
+            Problem::new(StatusCode::CONFLICT, "Rollout conflict", e.to_string())
+        }
+        e => Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid rollout",
+            e.to_string(),
+        ),
+    }
+}
+
+/// `POST /v1/rollouts` (operator): `{baseline, candidate, steps?, analysis?}`.
+async fn start_rollout(
+    State(state): State<AppState>,
+    Extension(origin): Extension<Origin>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, Problem> {
+    let caller = authorize(&state, &headers, &[Role::Operator])?;
+    let origin = origin_of(&origin, &caller);
+    let request: RolloutRequest =
+        json_body(&body, "rollout {baseline, candidate, steps, analysis}")?;
+    let (rollout, event) = state
+        .rollouts
+        .start(request, &origin)
+        .await
+        .map_err(rollout_problem)?;
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(json!({ "rollout": rollout, "event": event })),
+    )
+        .into_response())
+}
+
+/// `POST /v1/rollouts/{id}/{step|pause|resume|promote|abort}` (operator), optional body
+/// `{expected_version, reason}`.
+async fn rollout_command(
+    State(state): State<AppState>,
+    Extension(origin): Extension<Origin>,
+    headers: HeaderMap,
+    Path((id, command)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<Response, Problem> {
+    #[derive(serde::Deserialize, Default)]
+    #[serde(deny_unknown_fields)]
+    struct Options {
+        expected_version: Option<u64>,
+        reason: Option<String>,
+    }
+    let caller = authorize(&state, &headers, &[Role::Operator])?;
+    let origin = origin_of(&origin, &caller);
+    let command: Command = command.parse().map_err(|e: RolloutError| {
+        Problem::new(StatusCode::NOT_FOUND, "Unknown command", e.to_string())
+    })?;
+    let options: Options = if body.is_empty() {
+        Options::default()
+    } else {
+        json_body(&body, "command options {expected_version, reason}")?
+    };
+    let (rollout, event) = state
+        .rollouts
+        .command(
+            &id,
+            command,
+            options.expected_version,
+            options.reason.as_deref(),
+            &origin,
+        )
+        .await
+        .map_err(rollout_problem)?;
+    Ok(axum::Json(json!({ "rollout": rollout, "event": event })).into_response())
+}
+
+async fn list_rollouts(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, Problem> {
+    authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
+    Ok(axum::Json(json!({ "rollouts": state.rollouts.all() })).into_response())
+}
+
+async fn rollout(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, Problem> {
+    authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
+    state
+        .rollouts
+        .get(&id)
+        .map(|r| axum::Json(r).into_response())
+        .ok_or_else(|| {
+            Problem::new(
+                StatusCode::NOT_FOUND,
+                "Not found",
+                format!("no rollout {id:?}"),
+            )
+        })
 }
 
 fn json_body<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<T, Problem> {

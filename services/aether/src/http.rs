@@ -38,6 +38,7 @@ pub struct AppState {
     pub policies: aether_control::PolicyRegistry,
     pub models: aether_control::ModelRegistry,
     pub engines: aether_control::EngineRegistry,
+    pub rollouts: aether_control::RolloutRegistry,
 }
 
 pub fn router(state: AppState) -> Router {

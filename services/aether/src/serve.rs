@@ -135,6 +135,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             "closed engine activations interrupted by a restart"
         );
     }
+    let rollouts = aether_control::RolloutRegistry::load(store.clone(), models.clone()).await?;
     let state = AppState {
         store: store.clone(),
         tokens: Arc::new(tokens),
@@ -143,6 +144,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         policies,
         models,
         engines,
+        rollouts,
     };
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown_signal())
