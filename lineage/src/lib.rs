@@ -1,1 +1,32 @@
-//! OpenLineage mapping, durable relay and Delta Lake sink. Built by the lineage issue.
+//! Aether's lineage: every ledger event as an OpenLineage run event.
+//!
+//! This part is the mapping, and it is pure: no I/O, no clock, no randomness. The same
+//! [`RecordedEvent`](aether_ledger::RecordedEvent) and [`MappingContext`] always give the
+//! same [`RunEvent`](openlineage_client::RunEvent), so the relay that follows the ledger
+//! can map an event again after a crash and emit an identical record (at-least-once
+//! delivery, idempotent by run id and event id).
+//!
+//! - [`job`]: one OpenLineage job per kind of change (`engine.activate`, `policy.ingest`,
+//!   `rollout.step`, ...), the run state each event type reports, and the generic
+//!   `ledger.event` job for event types the mapping does not know.
+//! - [`run_event`]: [`to_run_event`], run ids, datasets, `version` and `parent` facets.
+//! - [`ledger_facet`]: the custom `aether_ledger` run facet (seq, hashes, stream, snapshot,
+//!   trace) and its JSON schema, which Aether serves.
+//!
+//! The event and facet types are those of `openlineage-client` (its delivery client is not
+//! used: its `emit` drops events when its queue is full, which a compliance record may never
+//! do). Every event produced validates against the OpenLineage 2-0-2 spec and the facet
+//! schemas it names; the tests check that against the spec files in `shared/`.
+
+pub mod error;
+pub mod job;
+pub mod ledger_facet;
+pub mod run_event;
+
+pub use error::LineageError;
+pub use job::{JOB_NAMESPACE, job_name};
+pub use ledger_facet::{
+    AETHER_LEDGER_FACET, AETHER_LEDGER_FACET_SCHEMA, AetherLedgerRunFacet,
+    aether_ledger_facet_schema, aether_ledger_schema_url,
+};
+pub use run_event::{MappingContext, PRODUCER, run_id, to_run_event};

@@ -1,0 +1,119 @@
+//! The custom `aether_ledger` run facet: where a run's event sits in the ledger.
+//!
+//! Its JSON schema ([`AETHER_LEDGER_FACET_SCHEMA`]) is part of this crate and Aether serves
+//! it at [`aether_ledger_schema_url`]`(base)`, the facet's `_schemaURL`. A published version
+//! never changes; a changed facet gets a new version (and a new schema file).
+
+use aether_ledger::hashing::hex_hash;
+use aether_ledger::{Hash, RecordedEvent};
+use openlineage_client::facets::BaseFacet;
+use serde::{Deserialize, Serialize};
+
+/// Key of the facet in a run's facets.
+pub const AETHER_LEDGER_FACET: &str = "aether_ledger";
+
+/// Version of the facet's schema, in OpenLineage's `MAJOR-MINOR-PATCH` form.
+pub const AETHER_LEDGER_FACET_VERSION: &str = "1-0-0";
+
+/// The facet's JSON schema (draft 2020-12), as written in `schemas/aether_ledger-1-0-0.json`.
+///
+/// Its `$id` uses [`SCHEMA_ID_BASE_URL`]; serve [`aether_ledger_facet_schema`] instead, whose
+/// `$id` is the URL it is served at.
+pub const AETHER_LEDGER_FACET_SCHEMA: &str = include_str!("../schemas/aether_ledger-1-0-0.json");
+
+/// The base URL in the `$id` of [`AETHER_LEDGER_FACET_SCHEMA`] as stored.
+pub const SCHEMA_ID_BASE_URL: &str = "https://aether.example";
+
+/// `{base}/openlineage/facets/aether_ledger/1-0-0.json`: the facet's `_schemaURL` when Aether
+/// serves its schemas under `base` (a trailing `/` on `base` is ignored).
+pub fn aether_ledger_schema_url(base: &str) -> String {
+    format!(
+        "{}/openlineage/facets/{AETHER_LEDGER_FACET}/{AETHER_LEDGER_FACET_VERSION}.json",
+        base.trim_end_matches('/')
+    )
+}
+
+/// The facet's schema document as served under `base`: [`AETHER_LEDGER_FACET_SCHEMA`] with
+/// its `$id` set to [`aether_ledger_schema_url`]`(base)`, so that a validator resolves it
+/// at the URL the facets name.
+pub fn aether_ledger_facet_schema(base: &str) -> serde_json::Value {
+    let mut schema: serde_json::Value = serde_json::from_str(AETHER_LEDGER_FACET_SCHEMA)
+        .expect("the facet schema shipped in this crate is JSON (checked by the tests)");
+    schema["$id"] = serde_json::Value::String(aether_ledger_schema_url(base));
+    schema
+}
+
+/// Where a run's ledger event sits in Aether's hash-chained ledger.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AetherLedgerRunFacet {
+    #[serde(flatten)]
+    pub base: BaseFacet,
+    /// Global position, gapless, from 1.
+    pub seq: u64,
+    /// The event's SM3 hash (lowercase hex in JSON).
+    #[serde(with = "hex_hash")]
+    pub hash: Hash,
+    /// The previous event's hash (lowercase hex in JSON).
+    #[serde(with = "hex_hash")]
+    pub prev_hash: Hash,
+    pub stream_id: String,
+    pub stream_version: u64,
+    pub event_id: uuid::Uuid,
+    pub event_type: String,
+    pub schema_version: u32,
+    /// The consistent snapshot the event was made under, when it names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_id: Option<String>,
+    /// The trace the event was recorded under, when it carries one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
+}
+
+impl AetherLedgerRunFacet {
+    /// The facet of `event`, produced by `producer`, whose schema Aether serves under
+    /// `schema_base_url`.
+    pub fn new(
+        event: &RecordedEvent,
+        producer: &str,
+        schema_base_url: &str,
+        snapshot_id: Option<String>,
+        trace_id: Option<String>,
+    ) -> Self {
+        AetherLedgerRunFacet {
+            base: BaseFacet {
+                producer: producer.to_owned(),
+                schema_url: aether_ledger_schema_url(schema_base_url),
+            },
+            seq: event.seq,
+            hash: event.hash,
+            prev_hash: event.prev_hash,
+            stream_id: event.stream_id.clone(),
+            stream_version: event.stream_version,
+            event_id: event.event_id,
+            event_type: event.event_type.clone(),
+            schema_version: event.schema_version,
+            snapshot_id,
+            trace_id,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_schema_id_is_the_url_form_at_the_stored_base() {
+        let stored: serde_json::Value = serde_json::from_str(AETHER_LEDGER_FACET_SCHEMA).unwrap();
+        assert_eq!(
+            stored["$id"],
+            serde_json::json!(aether_ledger_schema_url(SCHEMA_ID_BASE_URL))
+        );
+        let served = aether_ledger_facet_schema("https://ledger.bank.test/aether/");
+        assert_eq!(
+            served["$id"],
+            "https://ledger.bank.test/aether/openlineage/facets/aether_ledger/1-0-0.json"
+        );
+        assert_eq!(served["$defs"], stored["$defs"]);
+    }
+}

@@ -1,0 +1,275 @@
+//! Test support: the OpenLineage spec files as an offline JSON-schema registry, and a
+//! small hash-chained ledger to draw realistic events from.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use aether_ledger::RecordedEvent;
+use aether_ledger::hashing::{GENESIS_PREV_HASH, HashedFields, canonical_json, event_hash};
+use aether_lineage::{AETHER_LEDGER_FACET_SCHEMA, aether_ledger_facet_schema};
+use chrono::{DateTime, TimeZone, Utc};
+use jsonschema::{Registry, Validator};
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+/// The schema base URL the tests map with.
+pub const BASE: &str = "https://aether.bank.test/lineage-schemas";
+
+/// The root of the OpenLineage spec and its `$id`.
+pub const OPENLINEAGE_ID: &str = "https://openlineage.io/spec/2-0-2/OpenLineage.json";
+
+/// `<repo>/../shared/openlineage-spec`: shared/ sits beside the repository, here and in CI.
+pub fn spec_dir() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/openlineage-spec");
+    assert!(
+        dir.join("OpenLineage.json").is_file(),
+        "the OpenLineage spec files are missing: expected {}/OpenLineage.json \
+         (shared/ must sit beside the repository checkout)",
+        dir.display()
+    );
+    dir
+}
+
+fn read_json(path: &std::path::Path) -> Value {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
+}
+
+/// Validators for the spec files, resolved offline from a registry of local documents.
+pub struct Spec {
+    registry: Registry<'static>,
+    validators: Mutex<HashMap<String, Arc<Validator>>>,
+}
+
+/// What a check validated an event against.
+#[derive(Debug, Default)]
+pub struct Checked {
+    /// Every schema URL used, the event's own and each facet's `_schemaURL`.
+    pub schemas: Vec<String>,
+}
+
+impl Checked {
+    pub fn used(&self, fragment: &str) -> bool {
+        self.schemas.iter().any(|s| s.contains(fragment))
+    }
+}
+
+impl Spec {
+    pub fn get() -> &'static Spec {
+        static SPEC: OnceLock<Spec> = OnceLock::new();
+        SPEC.get_or_init(Spec::load)
+    }
+
+    fn load() -> Spec {
+        let dir = spec_dir();
+        let mut documents = vec![read_json(&dir.join("OpenLineage.json"))];
+        let facets = std::fs::read_dir(dir.join("facets")).expect("spec facets folder");
+        for entry in facets {
+            let path = entry.expect("facet file").path();
+            if path.extension().is_some_and(|e| e == "json") {
+                documents.push(read_json(&path));
+            }
+        }
+        // The custom facet as served under the tests' base, and as stored in the crate.
+        documents.push(aether_ledger_facet_schema(BASE));
+        documents.push(serde_json::from_str(AETHER_LEDGER_FACET_SCHEMA).expect("stored schema"));
+        let pairs: Vec<(String, Value)> = documents
+            .into_iter()
+            .map(|doc| {
+                let id = doc["$id"]
+                    .as_str()
+                    .expect("every schema has an $id")
+                    .to_owned();
+                (id, doc)
+            })
+            .collect();
+        assert!(pairs.iter().any(|(id, _)| id == OPENLINEAGE_ID));
+        let registry = Registry::new()
+            .extend(pairs)
+            .expect("schema URIs")
+            .prepare()
+            .expect("the spec files form a registry");
+        Spec {
+            registry,
+            validators: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A validator for the schema at `url` (with fragment), resolved offline.
+    pub fn validator(&'static self, url: &str) -> Result<Arc<Validator>, String> {
+        let mut validators = self.validators.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(v) = validators.get(url) {
+            return Ok(v.clone());
+        }
+        let validator = jsonschema::options()
+            .offline()
+            .should_validate_formats(true)
+            .with_registry(&self.registry)
+            .build(&json!({ "$ref": url }))
+            .map_err(|e| format!("no schema at {url} among the local spec files: {e}"))?;
+        let validator = Arc::new(validator);
+        validators.insert(url.to_owned(), validator.clone());
+        Ok(validator)
+    }
+
+    fn validate(&'static self, url: &str, instance: &Value, at: &str) -> Result<(), String> {
+        let validator = self.validator(url)?;
+        let errors: Vec<String> = validator
+            .iter_errors(instance)
+            .map(|e| format!("{at}{}: {e}", e.instance_path()))
+            .collect();
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("invalid against {url}:\n  {}", errors.join("\n  ")))
+        }
+    }
+
+    /// Validates a run event against the OpenLineage spec (its root and its own `schemaURL`)
+    /// and every facet in it against the schema its `_schemaURL` names.
+    pub fn check(&'static self, event: &Value) -> Result<Checked, String> {
+        let mut checked = Checked::default();
+        // The event's own definition first: its errors name the member at fault, where the
+        // root's `oneOf` only says that no branch matched.
+        let own = event["schemaURL"]
+            .as_str()
+            .ok_or("the event has no schemaURL")?;
+        self.validate(own, event, "")?;
+        checked.schemas.push(own.to_owned());
+        self.validate(OPENLINEAGE_ID, event, "")?;
+        checked.schemas.push(OPENLINEAGE_ID.to_owned());
+
+        let mut bags: Vec<(String, &Value)> = vec![
+            ("/run/facets".into(), &event["run"]["facets"]),
+            ("/job/facets".into(), &event["job"]["facets"]),
+        ];
+        for side in ["inputs", "outputs"] {
+            for (i, dataset) in event[side].as_array().into_iter().flatten().enumerate() {
+                for bag in ["facets", "inputFacets", "outputFacets"] {
+                    bags.push((format!("/{side}/{i}/{bag}"), &dataset[bag]));
+                }
+            }
+        }
+        for (at, bag) in bags {
+            let Some(facets) = bag.as_object() else {
+                continue;
+            };
+            for (name, facet) in facets {
+                let at = format!("{at}/{name}");
+                let url = facet["_schemaURL"]
+                    .as_str()
+                    .ok_or_else(|| format!("{at} has no _schemaURL"))?;
+                self.validate(url, facet, &at)?;
+                checked.schemas.push(url.to_owned());
+            }
+        }
+        Ok(checked)
+    }
+}
+
+/// A ledger in memory: seqs, stream versions, times and hashes as the real one assigns them.
+pub struct Chain {
+    pub events: Vec<RecordedEvent>,
+    streams: HashMap<String, u64>,
+    start: DateTime<Utc>,
+}
+
+impl Default for Chain {
+    fn default() -> Self {
+        Chain {
+            events: Vec::new(),
+            streams: HashMap::new(),
+            start: Utc.with_ymd_and_hms(2026, 11, 30, 9, 0, 0).unwrap(),
+        }
+    }
+}
+
+impl Chain {
+    /// Appends an event with a deterministic UUIDv7 id.
+    pub fn append(
+        &mut self,
+        stream_id: &str,
+        event_type: &str,
+        payload: Value,
+        metadata: Value,
+    ) -> RecordedEvent {
+        let seq = self.events.len() as u64 + 1;
+        let recorded_at = self.start + chrono::Duration::microseconds(1_250_017 * seq as i64);
+        let mut random = [0u8; 10];
+        random[2..].copy_from_slice(&seq.to_be_bytes());
+        let event_id = uuid::Builder::from_unix_timestamp_millis(
+            recorded_at.timestamp_millis() as u64,
+            &random,
+        )
+        .into_uuid();
+        self.append_with_id(
+            stream_id,
+            event_type,
+            event_id,
+            recorded_at,
+            payload,
+            metadata,
+        )
+    }
+
+    pub fn append_with_id(
+        &mut self,
+        stream_id: &str,
+        event_type: &str,
+        event_id: Uuid,
+        recorded_at: DateTime<Utc>,
+        payload: Value,
+        metadata: Value,
+    ) -> RecordedEvent {
+        let seq = self.events.len() as u64 + 1;
+        let version = self.streams.entry(stream_id.to_owned()).or_default();
+        *version += 1;
+        let payload = canonical_json(&payload).expect("canonical payload");
+        let metadata = canonical_json(&metadata).expect("canonical metadata");
+        let prev_hash = self.events.last().map_or(GENESIS_PREV_HASH, |e| e.hash);
+        let hash = event_hash(
+            &prev_hash,
+            &HashedFields {
+                seq,
+                stream_id,
+                stream_version: *version,
+                event_id,
+                event_type,
+                schema_version: 1,
+                payload: &payload,
+                metadata: &metadata,
+                recorded_at,
+            },
+        );
+        let event = RecordedEvent {
+            seq,
+            stream_id: stream_id.to_owned(),
+            stream_version: *version,
+            event_id,
+            event_type: event_type.to_owned(),
+            schema_version: 1,
+            payload: RawValue::from_string(payload).expect("raw payload"),
+            metadata: RawValue::from_string(metadata).expect("raw metadata"),
+            recorded_at,
+            prev_hash,
+            hash,
+        };
+        assert_eq!(event.computed_hash(), event.hash);
+        self.events.push(event.clone());
+        event
+    }
+}
+
+/// An SM3-sized digest in hex, distinct per label (test data, not a real digest).
+pub fn digest(label: &str) -> String {
+    hex_of(&aether_ledger::hashing::sm3(label.as_bytes()))
+}
+
+pub fn hex_of(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
