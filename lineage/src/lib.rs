@@ -10,6 +10,8 @@
 //!   `rollout.step`, ...), the run state each event type reports, and the generic
 //!   `ledger.event` job for event types the mapping does not know.
 //! - [`run_event`]: [`to_run_event`], run ids, datasets, `version` and `parent` facets.
+//! - [`relay`]: the one part with I/O: follows the ledger by a named subscription and writes
+//!   each event's record to `lineage_records` and a JSON-lines file; `reconcile` lists gaps.
 //! - [`ledger_facet`]: the custom `aether_ledger` run facet (seq, hashes, stream, snapshot,
 //!   trace) and its JSON schema, which Aether serves.
 //!
@@ -21,6 +23,7 @@
 pub mod error;
 pub mod job;
 pub mod ledger_facet;
+pub mod relay;
 pub mod run_event;
 
 pub use error::LineageError;

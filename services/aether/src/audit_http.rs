@@ -231,9 +231,14 @@ async fn event(
     // Personal values still held, with their salts, so that the regulator can check them
     // against the commitments in the hashed payload.
     let personal = state.store.personal_fields(&event).await?;
+    let lineage = aether_lineage::relay::record(&state.store, seq)
+        .await
+        .ok()
+        .flatten();
     Ok(axum::Json(json!({
         "event": event,
         "personal": personal,
+        "lineage": lineage,
         "inclusion_proof": proof,
         "note": if proof.is_null() {
             "not yet covered by a signed checkpoint; ask again after the next one"

@@ -49,6 +49,11 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/events", get(list_events).post(append_events))
         .route("/v1/events/{seq}", get(get_event))
         .route("/v1/redactions", axum::routing::post(redact))
+        .route(
+            "/openlineage/facets/aether_ledger/1-0-0.json",
+            get(aether_ledger_facet_schema),
+        )
+        .route("/v1/lineage/events/{seq}", get(lineage_record))
         .merge(crate::audit_http::routes())
         .merge(crate::control_http::routes())
         .fallback(not_found)
@@ -231,6 +236,49 @@ pub(crate) fn authorize(
             "Forbidden",
             format!("role {} may not do this", caller.role.name()),
         ))
+    }
+}
+
+/// The custom facet's JSON schema, at the immutable URL its `_schemaURL` names (public).
+async fn aether_ledger_facet_schema(headers: HeaderMap) -> Response {
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("127.0.0.1:8080");
+    let schema = aether_lineage::aether_ledger_facet_schema(&format!("http://{host}"));
+    (
+        [(header::CACHE_CONTROL, "public, max-age=31536000, immutable")],
+        axum::Json(schema),
+    )
+        .into_response()
+}
+
+/// `GET /v1/lineage/events/{seq}`: an event's lineage records (OpenLineage run, Delta).
+async fn lineage_record(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(seq): Path<String>,
+) -> Result<Response, Problem> {
+    authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
+    let seq: u64 =
+        seq.parse().ok().filter(|s| *s >= 1).ok_or_else(|| {
+            Problem::bad_request(format!("seq must be an integer ≥ 1, got {seq:?}"))
+        })?;
+    match aether_lineage::relay::record(&state.store, seq).await {
+        Ok(Some(r)) => Ok(axum::Json(r).into_response()),
+        Ok(None) => Err(Problem::new(
+            StatusCode::NOT_FOUND,
+            "No lineage record",
+            format!("no lineage record for seq {seq} (yet: the relay follows the ledger)"),
+        )),
+        Err(e) => {
+            tracing::error!(error = %e, "lineage record read failed");
+            Err(Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Lineage unavailable",
+                "the lineage records could not be read; see the server log",
+            ))
+        }
     }
 }
 

@@ -38,6 +38,22 @@ enum Command {
     /// Regulator tools that need no service, database or network.
     #[command(subcommand)]
     Audit(AuditCommand),
+    /// Lineage checks.
+    #[command(subcommand)]
+    Lineage(LineageCommand),
+}
+
+#[derive(Subcommand)]
+enum LineageCommand {
+    /// Lists events missing their OpenLineage record or their Delta table version; exits 1
+    /// when any is missing.
+    Reconcile {
+        #[command(flatten)]
+        ledger: LedgerArgs,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -128,6 +144,9 @@ fn main() -> ExitCode {
                 public_key,
                 json,
             }) => audit_verify(&bundle, public_key.as_deref(), json),
+            Command::Lineage(LineageCommand::Reconcile { ledger, json }) => {
+                reconcile(ledger, json).await
+            }
         }
     });
     match result {
@@ -261,4 +280,42 @@ fn audit_verify(
         (true, false) => ExitCode::from(3),
         (false, _) => ExitCode::from(2),
     })
+}
+
+async fn reconcile(ledger: LedgerArgs, json: bool) -> anyhow::Result<ExitCode> {
+    if ledger.uses_sqlite() && !ledger.sqlite_path().exists() {
+        bail!("no ledger at {}", ledger.sqlite_path().display());
+    }
+    let store = EventStore::connect(&ledger.url(), StoreConfig::default())
+        .await
+        .with_context(|| format!("cannot open the ledger at {}", ledger.describe()))?;
+    let report = aether_lineage::relay::reconcile(&store).await?;
+    store.shutdown().await;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        let list = |seqs: &[u64]| {
+            let shown: Vec<String> = seqs.iter().take(20).map(u64::to_string).collect();
+            let more = if seqs.len() > 20 { ", …" } else { "" };
+            format!("{}{more}", shown.join(", "))
+        };
+        println!("{} events", report.events);
+        println!(
+            "missing an OpenLineage record: {} [{}]",
+            report.missing_openlineage.len(),
+            list(&report.missing_openlineage)
+        );
+        println!(
+            "missing a Delta table version: {} [{}]",
+            report.missing_delta.len(),
+            list(&report.missing_delta)
+        );
+    }
+    Ok(
+        if report.missing_openlineage.is_empty() && report.missing_delta.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        },
+    )
 }

@@ -106,6 +106,19 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let local = listener.local_addr()?;
+    // Lineage: OpenLineage records for every event, in the database and a JSON-lines file.
+    let lineage_dir = args.ledger.data_dir.join("lineage");
+    std::fs::create_dir_all(&lineage_dir)
+        .with_context(|| format!("cannot create {}", lineage_dir.display()))?;
+    let schema_base = format!("http://{local}");
+    // The relay stops last, after it has caught up with the final checkpoint.
+    let (relay_stop_tx, relay_stop_rx) = tokio::sync::watch::channel(false);
+    let relay = tokio::spawn(aether_lineage::relay::run_openlineage_relay(
+        store.clone(),
+        aether_lineage::MappingContext::new(&schema_base),
+        Some(lineage_dir.join("openlineage.jsonl")),
+        relay_stop_rx,
+    ));
     tracing::info!(
         http = %format!("http://{local}"),
         ledger = %args.ledger.describe(),
@@ -159,6 +172,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Ok(Ok(())) => {}
     }
     follower.abort();
+    drain_relay(&store).await;
+    let _ = relay_stop_tx.send(true);
+    match relay.await {
+        Ok(Err(e)) => tracing::error!(error = %e, "lineage relay failed"),
+        Err(e) => tracing::error!(error = %e, "lineage relay task failed"),
+        Ok(Ok(())) => {}
+    }
     store.shutdown().await;
     upkeep.abort();
     tracing::info!("stopped");
@@ -184,4 +204,24 @@ async fn shutdown_signal() {
         _ = ctrl_c => {},
         _ = term => {},
     }
+}
+
+/// Gives the lineage relay up to 10 s to reach the ledger's head before it is stopped (it
+/// resumes from its cursor on the next start either way).
+async fn drain_relay(store: &EventStore) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tokio::time::Instant::now() < deadline {
+        let head = store.head().await.ok().flatten().map_or(0, |(s, _)| s);
+        let done = store
+            .load_position(aether_lineage::relay::OPENLINEAGE_CURSOR)
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or(0);
+        if done >= head {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tracing::warn!("lineage relay still behind at shutdown; it resumes on the next start");
 }

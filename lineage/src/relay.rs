@@ -1,0 +1,307 @@
+//! The lineage relay: follows the ledger from its stored cursor and writes each event's
+//! OpenLineage record into `lineage_records` (and, when configured, a JSON-lines file).
+//!
+//! At-least-once and idempotent: records are keyed by seq and inserted with "do nothing on
+//! conflict", the cursor is saved only after they commit, and the mapping is deterministic,
+//! so a crash between the two repeats identical work. The relay reads the ledger through
+//! a subscription, so a slow or failing relay never slows an append; its lag is a metric.
+
+use std::path::PathBuf;
+
+use aether_ledger::{EventStore, LedgerError, RecordedEvent};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::Row;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::watch;
+use uuid::Uuid;
+
+use crate::{LineageError, MappingContext, job_name, to_run_event};
+
+/// Name of the relay's cursor in the ledger's subscription positions.
+pub const OPENLINEAGE_CURSOR: &str = "lineage-openlineage";
+/// Events mapped per database transaction.
+const BATCH: usize = 500;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    #[error("lineage records: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error(transparent)]
+    Mapping(#[from] LineageError),
+    #[error("cannot serialise a run event: {0}")]
+    Serialize(#[from] serde_json::Error),
+    #[error("cannot write the OpenLineage file {path}: {source}")]
+    File {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// One event's lineage records.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LineageRecord {
+    pub seq: u64,
+    pub event_id: Uuid,
+    pub run_id: Uuid,
+    pub job: String,
+    pub openlineage_at: String,
+    pub delta_table: Option<String>,
+    pub delta_version: Option<i64>,
+    /// The OpenLineage RunEvent as stored.
+    pub openlineage_event: serde_json::Value,
+}
+
+struct Mapped {
+    seq: i64,
+    event_id: Uuid,
+    run_id: Uuid,
+    job: &'static str,
+    json: String,
+}
+
+fn map(events: &[RecordedEvent], ctx: &MappingContext) -> Result<Vec<Mapped>, RelayError> {
+    events
+        .iter()
+        .map(|e| {
+            let run_event = to_run_event(e, ctx)?;
+            let value = serde_json::to_value(&run_event)?;
+            let json = value.to_string();
+            let run_id = value["run"]["runId"]
+                .as_str()
+                .and_then(|s| Uuid::parse_str(s).ok())
+                .unwrap_or_default();
+            Ok(Mapped {
+                seq: e.seq as i64,
+                event_id: e.event_id,
+                run_id,
+                job: job_name(&e.event_type),
+                json,
+            })
+        })
+        .collect()
+}
+
+async fn insert(
+    store: &EventStore,
+    rows: &[Mapped],
+    now: DateTime<Utc>,
+) -> Result<(), sqlx::Error> {
+    if let Some(pool) = store.postgres_pool() {
+        let mut tx = pool.begin().await?;
+        for r in rows {
+            sqlx::query(
+                "INSERT INTO lineage_records (seq, event_id, run_id, job, openlineage_event, openlineage_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (seq) DO NOTHING",
+            )
+            .bind(r.seq)
+            .bind(r.event_id)
+            .bind(r.run_id)
+            .bind(r.job)
+            .bind(&r.json)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await
+    } else if let Some(pool) = store.sqlite_pool() {
+        let mut tx = pool.begin().await?;
+        for r in rows {
+            sqlx::query(
+                "INSERT INTO lineage_records (seq, event_id, run_id, job, openlineage_event, openlineage_at) \
+                 VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (seq) DO NOTHING",
+            )
+            .bind(r.seq)
+            .bind(r.event_id)
+            .bind(r.run_id)
+            .bind(r.job)
+            .bind(&r.json)
+            .bind(now.timestamp_micros())
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await
+    } else {
+        Ok(())
+    }
+}
+
+/// Follows the ledger until `stop` turns true, writing OpenLineage records (and lines to
+/// `jsonl`, when given). Failures are logged and retried with backoff from the stored
+/// cursor: lineage is delayed, never dropped.
+pub async fn run_openlineage_relay(
+    store: EventStore,
+    ctx: MappingContext,
+    jsonl: Option<PathBuf>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), RelayError> {
+    let mut backoff = std::time::Duration::from_millis(200);
+    loop {
+        match follow(store.clone(), ctx.clone(), jsonl.clone(), stop.clone()).await {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                tracing::error!(error = %e, retry_in_ms = backoff.as_millis() as u64, "lineage relay failed");
+                metrics::counter!("aether_lineage_relay_failures_total").increment(1);
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = stop.changed() => return Ok(()),
+        }
+        backoff = (backoff * 2).min(std::time::Duration::from_secs(30));
+    }
+}
+
+async fn follow(
+    store: EventStore,
+    ctx: MappingContext,
+    jsonl: Option<PathBuf>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), RelayError> {
+    let mut subscription = store.subscribe_named(OPENLINEAGE_CURSOR).await?;
+    let committed = store.committed_seq();
+    loop {
+        let batch = tokio::select! {
+            batch = subscription.next_batch(BATCH) => batch?,
+            _ = stop.changed() => return Ok(()),
+        };
+        let rows = map(&batch, &ctx)?;
+        insert(&store, &rows, Utc::now()).await?;
+        if let Some(path) = &jsonl {
+            append_lines(path, &rows).await?;
+        }
+        if let Some(last) = batch.last() {
+            subscription.save_position(last.seq).await?;
+            let head = *committed.borrow();
+            metrics::gauge!("aether_lineage_openlineage_lag_events")
+                .set(head.saturating_sub(last.seq) as f64);
+        }
+        metrics::counter!("aether_lineage_openlineage_records_total").increment(rows.len() as u64);
+    }
+}
+
+/// The JSON-lines transport: one RunEvent per line, flushed to disk before the cursor moves.
+async fn append_lines(path: &PathBuf, rows: &[Mapped]) -> Result<(), RelayError> {
+    let err = |source| RelayError::File {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut file = tokio::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .await
+        .map_err(err)?;
+    let mut buf = String::new();
+    for r in rows {
+        buf.push_str(&r.json);
+        buf.push('\n');
+    }
+    file.write_all(buf.as_bytes()).await.map_err(err)?;
+    file.sync_data().await.map_err(err)
+}
+
+/// The lineage records of one event, if written.
+pub async fn record(store: &EventStore, seq: u64) -> Result<Option<LineageRecord>, RelayError> {
+    let seq = seq as i64;
+    let row = if let Some(pool) = store.postgres_pool() {
+        sqlx::query(
+            "SELECT seq, event_id, run_id, job, openlineage_event, openlineage_at::text AS at, \
+             delta_table, delta_version FROM lineage_records WHERE seq = $1",
+        )
+        .bind(seq)
+        .fetch_optional(pool)
+        .await?
+        .map(|r| decode(&r, r.try_get::<String, _>("at")))
+    } else if let Some(pool) = store.sqlite_pool() {
+        sqlx::query(
+            "SELECT seq, event_id, run_id, job, openlineage_event, openlineage_at, delta_table, \
+             delta_version FROM lineage_records WHERE seq = ?",
+        )
+        .bind(seq)
+        .fetch_optional(pool)
+        .await?
+        .map(|r| {
+            let at = r.try_get::<i64, _>("openlineage_at").map(|m| {
+                DateTime::from_timestamp_micros(m)
+                    .map(|t| aether_ledger::hashing::format_timestamp(&t))
+                    .unwrap_or_default()
+            });
+            decode(&r, at)
+        })
+    } else {
+        None
+    };
+    Ok(row.transpose()?)
+}
+
+fn decode<R>(r: &R, at: Result<String, sqlx::Error>) -> Result<LineageRecord, sqlx::Error>
+where
+    R: Row,
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    for<'a> i64: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+    for<'a> Option<i64>: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+    for<'a> String: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+    for<'a> Option<String>: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+    for<'a> Uuid: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+{
+    let json: String = r.try_get("openlineage_event")?;
+    Ok(LineageRecord {
+        seq: r.try_get::<i64, _>("seq")? as u64,
+        event_id: r.try_get("event_id")?,
+        run_id: r.try_get("run_id")?,
+        job: r.try_get("job")?,
+        openlineage_at: at?,
+        delta_table: r.try_get("delta_table")?,
+        delta_version: r.try_get("delta_version")?,
+        openlineage_event: serde_json::from_str(&json).unwrap_or(serde_json::Value::Null),
+    })
+}
+
+/// What `aether lineage reconcile` reports.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Reconciliation {
+    pub events: u64,
+    /// Seqs with no OpenLineage record.
+    pub missing_openlineage: Vec<u64>,
+    /// Seqs with no Delta table version.
+    pub missing_delta: Vec<u64>,
+}
+
+/// Compares the ledger's seqs `1..=head` with the lineage records.
+pub async fn reconcile(store: &EventStore) -> Result<Reconciliation, RelayError> {
+    let head = store.head().await?.map_or(0, |(s, _)| s);
+    let rows: Vec<(i64, Option<i64>)> = if let Some(pool) = store.postgres_pool() {
+        sqlx::query_as("SELECT seq, delta_version FROM lineage_records ORDER BY seq")
+            .fetch_all(pool)
+            .await?
+    } else if let Some(pool) = store.sqlite_pool() {
+        sqlx::query_as("SELECT seq, delta_version FROM lineage_records ORDER BY seq")
+            .fetch_all(pool)
+            .await?
+    } else {
+        Vec::new()
+    };
+    let mut report = Reconciliation {
+        events: head,
+        ..Reconciliation::default()
+    };
+    let mut rows = rows.into_iter().peekable();
+    for seq in 1..=head {
+        match rows.peek() {
+            Some((s, delta)) if *s as u64 == seq => {
+                if delta.is_none() {
+                    report.missing_delta.push(seq);
+                }
+                rows.next();
+            }
+            _ => {
+                report.missing_openlineage.push(seq);
+                report.missing_delta.push(seq);
+            }
+        }
+    }
+    Ok(report)
+}
