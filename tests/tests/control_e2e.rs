@@ -530,4 +530,33 @@ async fn a_rollout_follows_its_state_machine_over_http() {
         .unwrap();
     assert_eq!(got["phase"], "aborted");
     assert_eq!(got["candidate_weight"], 0);
+
+    // Replaying the ledger from seq 1 gives exactly the live state.
+    let live: Value = client
+        .get(server.url("/v1/state"))
+        .bearer_auth(REGULATOR_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(live["state"]["rollouts"].as_array().unwrap().len(), 1);
+    let out = aether_e2e::run_aether(
+        &[
+            "replay",
+            "--data-dir",
+            dir.path().join("data").to_str().unwrap(),
+            "--json",
+        ],
+        &[],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let replayed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(replayed["state"], live["state"]);
+    assert_eq!(replayed["digest"], live["digest"]);
 }

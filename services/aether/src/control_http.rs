@@ -31,6 +31,21 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/rollouts", post(start_rollout).get(list_rollouts))
         .route("/v1/rollouts/{id}", get(rollout))
         .route("/v1/rollouts/{id}/{command}", post(rollout_command))
+        .route("/v1/state", get(control_state))
+}
+
+/// `GET /v1/state`: the projected control-plane state and its SM3 digest, to compare with
+/// `aether replay`.
+async fn control_state(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, Problem> {
+    authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
+    Ok(axum::Json(json!({
+        "digest": state.control.digest(),
+        "state": state.control.document(),
+    }))
+    .into_response())
 }
 
 fn rollout_problem(e: RolloutError) -> Problem {
@@ -65,6 +80,7 @@ async fn start_rollout(
     let request: RolloutRequest =
         json_body(&body, "rollout {baseline, candidate, steps, analysis}")?;
     let (rollout, event) = state
+        .control
         .rollouts
         .start(request, &origin)
         .await
@@ -102,6 +118,7 @@ async fn rollout_command(
         json_body(&body, "command options {expected_version, reason}")?
     };
     let (rollout, event) = state
+        .control
         .rollouts
         .command(
             &id,
@@ -120,7 +137,7 @@ async fn list_rollouts(
     headers: HeaderMap,
 ) -> Result<Response, Problem> {
     authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
-    Ok(axum::Json(json!({ "rollouts": state.rollouts.all() })).into_response())
+    Ok(axum::Json(json!({ "rollouts": state.control.rollouts.all() })).into_response())
 }
 
 async fn rollout(
@@ -130,6 +147,7 @@ async fn rollout(
 ) -> Result<Response, Problem> {
     authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
     state
+        .control
         .rollouts
         .get(&id)
         .map(|r| axum::Json(r).into_response())
@@ -181,7 +199,7 @@ async fn register_model(
         &body,
         "model registration {ref, uri, digest, feature_schema}",
     )?;
-    match state.models.register(spec.clone(), &origin).await {
+    match state.control.models.register(spec.clone(), &origin).await {
         Ok(Some(event)) => Ok((
             StatusCode::CREATED,
             axum::Json(json!({ "model": spec, "event": event })),
@@ -197,7 +215,7 @@ async fn list_models(
     headers: HeaderMap,
 ) -> Result<Response, Problem> {
     authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
-    Ok(axum::Json(json!({ "models": state.models.all() })).into_response())
+    Ok(axum::Json(json!({ "models": state.control.models.all() })).into_response())
 }
 
 /// `POST /v1/engine/activate` (operator): 202 with the request event; the steps follow.
@@ -213,7 +231,12 @@ async fn activate(
         &body,
         "activation {model_ref, traffic_weight, policy_hooks}",
     )?;
-    match state.engines.request_activation(request, &origin).await {
+    match state
+        .control
+        .engines
+        .request_activation(request, &origin)
+        .await
+    {
         Ok((event, _task)) => {
             let region = event.stream_id.trim_start_matches("engine/").to_owned();
             Ok((
@@ -246,7 +269,7 @@ async fn list_engines(
     headers: HeaderMap,
 ) -> Result<Response, Problem> {
     authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
-    Ok(axum::Json(json!({ "engines": state.engines.engines() })).into_response())
+    Ok(axum::Json(json!({ "engines": state.control.engines.engines() })).into_response())
 }
 
 async fn engine(
@@ -255,7 +278,7 @@ async fn engine(
     Path(region): Path<String>,
 ) -> Result<Response, Problem> {
     authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
-    match state.engines.engine(&region) {
+    match state.control.engines.engine(&region) {
         Some(e) => Ok(axum::Json(e).into_response()),
         None => Err(Problem::new(
             StatusCode::NOT_FOUND,
@@ -300,7 +323,7 @@ async fn ingest(
     let format = format_of(&headers)?;
     let source = std::str::from_utf8(&body)
         .map_err(|e| Problem::bad_request(format!("the policy document is not UTF-8: {e}")))?;
-    match state.policies.ingest(source, format, &origin).await {
+    match state.control.policies.ingest(source, format, &origin).await {
         Ok((record, Some(event))) => Ok((
             StatusCode::CREATED,
             axum::Json(json!({ "policy": record, "event": event })),
@@ -355,7 +378,7 @@ fn invalid_policy(e: &PolicyError) -> Problem {
 async fn list(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, Problem> {
     authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
     let policies: Vec<_> = state
-        .policies
+        .control.policies
         .policies()
         .into_iter()
         .map(|(name, versions)| {
@@ -364,7 +387,7 @@ async fn list(State(state): State<AppState>, headers: HeaderMap) -> Result<Respo
         .collect();
     Ok(axum::Json(json!({
         "policies": policies,
-        "rule_set_digest": hex::encode(state.policies.engine().snapshot().digest()),
+        "rule_set_digest": hex::encode(state.control.policies.engine().snapshot().digest()),
     }))
     .into_response())
 }
@@ -376,7 +399,7 @@ async fn versions(
     Path(name): Path<String>,
 ) -> Result<Response, Problem> {
     authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
-    match state.policies.versions(&name) {
+    match state.control.policies.versions(&name) {
         Some(v) => Ok(axum::Json(json!({ "name": name, "versions": v })).into_response()),
         None => Err(Problem::new(
             StatusCode::NOT_FOUND,

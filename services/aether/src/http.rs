@@ -34,11 +34,9 @@ pub struct AppState {
     pub metrics: PrometheusHandle,
     /// Every event hash in memory, for proofs.
     pub merkle: MerkleLog,
-    /// Compliance policies and the live rule engine.
-    pub policies: aether_control::PolicyRegistry,
-    pub models: aether_control::ModelRegistry,
-    pub engines: aether_control::EngineRegistry,
-    pub rollouts: aether_control::RolloutRegistry,
+    /// The control plane's projections (policies and the live rule engine, models,
+    /// engines, rollouts), rebuilt from the ledger at start.
+    pub control: aether_control::ControlState,
 }
 
 pub fn router(state: AppState) -> Router {

@@ -41,6 +41,15 @@ enum Command {
     /// Lineage checks.
     #[command(subcommand)]
     Lineage(LineageCommand),
+    /// Rebuild the control plane's state from seq 1 and print its digest (compare with
+    /// `GET /v1/state` of the running service).
+    Replay {
+        #[command(flatten)]
+        ledger: LedgerArgs,
+        /// Print the whole state as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -144,6 +153,7 @@ fn main() -> ExitCode {
                 public_key,
                 json,
             }) => audit_verify(&bundle, public_key.as_deref(), json),
+            Command::Replay { ledger, json } => replay(ledger, json).await,
             Command::Lineage(LineageCommand::Reconcile { ledger, json }) => {
                 reconcile(ledger, json).await
             }
@@ -318,4 +328,34 @@ async fn reconcile(ledger: LedgerArgs, json: bool) -> anyhow::Result<ExitCode> {
             ExitCode::from(1)
         },
     )
+}
+
+async fn replay(ledger: LedgerArgs, json: bool) -> anyhow::Result<ExitCode> {
+    if ledger.uses_sqlite() && !ledger.sqlite_path().exists() {
+        bail!("no ledger at {}", ledger.sqlite_path().display());
+    }
+    let store = EventStore::connect(&ledger.url(), StoreConfig::default())
+        .await
+        .with_context(|| format!("cannot open the ledger at {}", ledger.describe()))?;
+    let head = store.head().await?.map_or(0, |(s, _)| s);
+    let state = aether_control::ControlState::replay(&store).await?;
+    store.shutdown().await;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "head_seq": head, "digest": state.digest(), "state": state.document(),
+            }))?
+        );
+    } else {
+        println!(
+            "replayed {head} events: {} policies, {} models, {} engines, {} rollouts; state digest {}",
+            state.policies.policies().len(),
+            state.models.all().len(),
+            state.engines.engines().len(),
+            state.rollouts.all().len(),
+            state.digest()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -132,32 +132,25 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let loaded = merkle.catch_up(&store).await?;
     tracing::info!(events = loaded, "Merkle log loaded");
     let follower = tokio::spawn(merkle.clone().follow(store.clone(), stop_rx.clone()));
-    let policies = aether_control::PolicyRegistry::load(store.clone()).await?;
+    let control = aether_control::ControlState::replay(&store).await?;
     tracing::info!(
-        policies = policies.policies().len(),
-        "policies loaded from the ledger"
+        policies = control.policies.policies().len(),
+        engines = control.engines.engines().len(),
+        "control plane rebuilt from the ledger"
     );
-    let models = aether_control::ModelRegistry::load(store.clone()).await?;
-    let engines =
-        aether_control::EngineRegistry::load(store.clone(), models.clone(), policies.clone())
-            .await?;
-    let interrupted = engines.fail_interrupted().await?;
+    let interrupted = control.engines.fail_interrupted().await?;
     if interrupted > 0 {
         tracing::warn!(
             interrupted,
             "closed engine activations interrupted by a restart"
         );
     }
-    let rollouts = aether_control::RolloutRegistry::load(store.clone(), models.clone()).await?;
     let state = AppState {
         store: store.clone(),
         tokens: Arc::new(tokens),
         metrics,
         merkle,
-        policies,
-        models,
-        engines,
-        rollouts,
+        control,
     };
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown_signal())

@@ -8,12 +8,14 @@ pub mod engines;
 pub mod models;
 pub mod origin;
 pub mod policies;
+pub mod projection;
 pub mod rollouts;
 
 pub use engines::{ActivationRequest, EngineError, EngineRegistry, EngineState, EngineStatus};
 pub use models::{ModelError, ModelRegistry, ModelSpec};
 pub use origin::{ColouringError, Origin};
 pub use policies::{IngestError, PolicyRecord, PolicyRegistry};
+pub use projection::ControlState;
 pub use rollouts::{
     Command, RolloutError, RolloutPhase, RolloutRegistry, RolloutRequest, RolloutState,
 };
