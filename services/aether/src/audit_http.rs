@@ -68,6 +68,25 @@ fn time_param(
         .transpose()
 }
 
+/// The filter named by query parameters or export members (validated).
+fn event_filter(p: &HashMap<String, String>) -> Result<EventFilter, Problem> {
+    let metadata = ["actor", "trace_id", "member", "snapshot_id", "request_id"]
+        .into_iter()
+        .filter_map(|key| p.get(key).map(|v| (key.to_owned(), v.clone())))
+        .collect();
+    let filter = EventFilter {
+        from: time_param(p, "from")?,
+        to: time_param(p, "to")?,
+        event_type: p.get("event_type").cloned(),
+        stream_prefix: p.get("stream_prefix").cloned(),
+        metadata,
+    };
+    filter
+        .validate()
+        .map_err(|e| Problem::bad_request(e.to_string()))?;
+    Ok(filter)
+}
+
 /// Records the access in the ledger; the answer waits for that record to commit.
 async fn record_access(
     state: &AppState,
@@ -121,19 +140,7 @@ async fn events(
             "limit",
         ],
     )?;
-    let mut metadata = Vec::new();
-    for key in ["actor", "trace_id", "member", "snapshot_id", "request_id"] {
-        if let Some(v) = p.get(key) {
-            metadata.push((key.to_owned(), v.clone()));
-        }
-    }
-    let filter = EventFilter {
-        from: time_param(&p, "from")?,
-        to: time_param(&p, "to")?,
-        event_type: p.get("event_type").cloned(),
-        stream_prefix: p.get("stream_prefix").cloned(),
-        metadata,
-    };
+    let filter = event_filter(&p)?;
     let cursor = parse_u64(&p, "cursor", 0)?;
     let limit = parse_u64(&p, "limit", 100)?;
     if limit == 0 || limit > MAX_PAGE {
@@ -141,9 +148,6 @@ async fn events(
             "limit must be between 1 and {MAX_PAGE}, got {limit}"
         )));
     }
-    filter
-        .validate()
-        .map_err(|e| Problem::bad_request(e.to_string()))?;
     record_access(&state, &caller, &origin.trace_id, "events", json!(p)).await?;
     let found = state.store.query(&filter, cursor, limit as u32).await?;
     let next = (found.len() as u64 == limit)
@@ -422,22 +426,7 @@ async fn export(
             allowed.join(", ")
         )));
     }
-    let mut metadata = Vec::new();
-    for key in ["actor", "trace_id", "member", "snapshot_id", "request_id"] {
-        if let Some(v) = p.get(key) {
-            metadata.push((key.to_owned(), v.clone()));
-        }
-    }
-    let filter = EventFilter {
-        from: time_param(&p, "from")?,
-        to: time_param(&p, "to")?,
-        event_type: p.get("event_type").cloned(),
-        stream_prefix: p.get("stream_prefix").cloned(),
-        metadata,
-    };
-    filter
-        .validate()
-        .map_err(|e| Problem::bad_request(e.to_string()))?;
+    let filter = event_filter(&p)?;
     let limit = parse_u64(&p, "limit", MAX_EXPORT_EVENTS)?;
     if limit == 0 || limit > MAX_EXPORT_EVENTS {
         return Err(Problem::bad_request(format!(

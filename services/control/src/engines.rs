@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use crate::models::{ModelError, ModelRegistry, check_artifact, region_of};
 use crate::origin::Origin;
 use crate::policies::PolicyRegistry;
+use crate::replay::for_each_event;
 
 pub const ACTIVATION_REQUESTED: &str = "EngineActivationRequested";
 pub const MODEL_VERIFIED: &str = "EngineModelVerified";
@@ -105,15 +106,7 @@ impl EngineRegistry {
             stream_prefix: Some("engine/".into()),
             ..EventFilter::default()
         };
-        let mut after = 0;
-        loop {
-            let page = registry.store.query(&filter, after, 500).await?;
-            let Some(last) = page.last() else { break };
-            after = last.seq;
-            for e in &page {
-                registry.apply(e);
-            }
-        }
+        for_each_event(&registry.store, &filter, async |e| registry.apply(e)).await?;
         Ok(registry)
     }
 

@@ -9,6 +9,7 @@ pub mod models;
 pub mod origin;
 pub mod policies;
 pub mod projection;
+mod replay;
 pub mod rollouts;
 
 pub use engines::{ActivationRequest, EngineError, EngineRegistry, EngineState, EngineStatus};

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::origin::Origin;
+use crate::replay::for_each_event;
 
 /// Event type of a registration.
 pub const MODEL_REGISTERED: &str = "ModelRegistered";
@@ -127,15 +128,7 @@ impl ModelRegistry {
             stream_prefix: Some("model/".into()),
             ..EventFilter::default()
         };
-        let mut after = 0;
-        loop {
-            let page = registry.store.query(&filter, after, 500).await?;
-            let Some(last) = page.last() else { break };
-            after = last.seq;
-            for e in &page {
-                registry.apply(e);
-            }
-        }
+        for_each_event(&registry.store, &filter, async |e| registry.apply(e)).await?;
         Ok(registry)
     }
 

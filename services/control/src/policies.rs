@@ -14,6 +14,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::origin::Origin;
+use crate::replay::for_each_event;
 
 /// Event type of an accepted policy version.
 pub const POLICY_INGESTED: &str = "PolicyIngested";
@@ -87,18 +88,13 @@ impl PolicyRegistry {
             stream_prefix: Some("policy/".into()),
             ..EventFilter::default()
         };
-        let mut after = 0;
-        loop {
-            let page = registry.store.query(&filter, after, 500).await?;
-            let Some(last) = page.last() else { break };
-            after = last.seq;
-            for event in &page {
-                if let Err(e) = registry.apply(event).await {
-                    // A stored policy that no longer compiles must not vanish silently.
-                    tracing::error!(seq = event.seq, error = %e, "stored policy does not compile");
-                }
+        for_each_event(&registry.store, &filter, async |event| {
+            if let Err(e) = registry.apply(event).await {
+                // A stored policy that no longer compiles must not vanish silently.
+                tracing::error!(seq = event.seq, error = %e, "stored policy does not compile");
             }
-        }
+        })
+        .await?;
         Ok(registry)
     }
 

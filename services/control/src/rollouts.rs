@@ -15,6 +15,7 @@ use serde_json::json;
 
 use crate::models::{ModelError, ModelRegistry, region_of};
 use crate::origin::Origin;
+use crate::replay::for_each_event;
 
 pub const STARTED: &str = "RolloutStarted";
 pub const STEPPED: &str = "RolloutStepped";
@@ -172,15 +173,7 @@ impl RolloutRegistry {
             stream_prefix: Some("rollout/".into()),
             ..EventFilter::default()
         };
-        let mut after = 0;
-        loop {
-            let page = registry.store.query(&filter, after, 500).await?;
-            let Some(last) = page.last() else { break };
-            after = last.seq;
-            for e in &page {
-                registry.apply(e);
-            }
-        }
+        for_each_event(&registry.store, &filter, async |e| registry.apply(e)).await?;
         Ok(registry)
     }
 
