@@ -1,6 +1,7 @@
-//! Aether's lineage: every ledger event as an OpenLineage run event.
+//! Aether's lineage: every ledger event as an OpenLineage run event and as a row of a Delta
+//! Lake table version, both linked back to the ledger by seq.
 //!
-//! This part is the mapping, and it is pure: no I/O, no clock, no randomness. The same
+//! The mapping is pure: no I/O, no clock, no randomness. The same
 //! [`RecordedEvent`](aether_ledger::RecordedEvent) and [`MappingContext`] always give the
 //! same [`RunEvent`](openlineage_client::RunEvent), so the relay that follows the ledger
 //! can map an event again after a crash and emit an identical record (at-least-once
@@ -10,8 +11,11 @@
 //!   `rollout.step`, ...), the run state each event type reports, and the generic
 //!   `ledger.event` job for event types the mapping does not know.
 //! - [`run_event`]: [`to_run_event`], run ids, datasets, `version` and `parent` facets.
-//! - [`relay`]: the one part with I/O: follows the ledger by a named subscription and writes
-//!   each event's record to `lineage_records` and a JSON-lines file; `reconcile` lists gaps.
+//! - [`relay`]: follows the ledger by a named subscription and writes each event's record to
+//!   `lineage_records` and a JSON-lines file; `reconcile` lists events missing either record.
+//! - [`delta`]: the `events` Delta table (exactly once by seq through Delta application
+//!   transactions); [`delta_relay`] follows the ledger into it, many events per commit, and
+//!   links each commit's seq range in `delta_commits`.
 //! - [`ledger_facet`]: the custom `aether_ledger` run facet (seq, hashes, stream, snapshot,
 //!   trace) and its JSON schema, which Aether serves.
 //!
@@ -20,6 +24,8 @@
 //! do). Every event produced validates against the OpenLineage 2-0-2 spec and the facet
 //! schemas it names; the tests check that against the spec files in `shared/`.
 
+pub mod delta;
+pub mod delta_relay;
 pub mod error;
 pub mod job;
 pub mod ledger_facet;

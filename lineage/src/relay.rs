@@ -33,6 +33,8 @@ pub enum RelayError {
     Mapping(#[from] LineageError),
     #[error("cannot serialise a run event: {0}")]
     Serialize(#[from] serde_json::Error),
+    #[error(transparent)]
+    Delta(#[from] crate::delta::DeltaError),
     #[error("cannot write the OpenLineage file {path}: {source}")]
     File {
         path: String,
@@ -135,15 +137,33 @@ pub async fn run_openlineage_relay(
     store: EventStore,
     ctx: MappingContext,
     jsonl: Option<PathBuf>,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> Result<(), RelayError> {
+    retry_until_stopped("openlineage", stop.clone(), || {
+        follow(store.clone(), ctx.clone(), jsonl.clone(), stop.clone())
+    })
+    .await
+}
+
+/// Runs `attempt` until it returns `Ok` (it saw the stop request) or `stop` turns true,
+/// logging each failure and backing off from 200 ms to 30 s between attempts.
+pub(crate) async fn retry_until_stopped<F, Fut>(
+    sink: &'static str,
+    mut stop: watch::Receiver<bool>,
+    mut attempt: F,
+) -> Result<(), RelayError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), RelayError>>,
+{
     let mut backoff = std::time::Duration::from_millis(200);
     loop {
-        match follow(store.clone(), ctx.clone(), jsonl.clone(), stop.clone()).await {
+        match attempt().await {
             Ok(()) => return Ok(()),
             Err(e) => {
-                tracing::error!(error = %e, retry_in_ms = backoff.as_millis() as u64, "lineage relay failed");
-                metrics::counter!("aether_lineage_relay_failures_total").increment(1);
+                tracing::error!(sink, error = %e, retry_in_ms = backoff.as_millis() as u64, "lineage relay failed");
+                metrics::counter!("aether_lineage_relay_failures_total", "sink" => sink)
+                    .increment(1);
             }
         }
         tokio::select! {
@@ -208,8 +228,8 @@ pub async fn record(store: &EventStore, seq: u64) -> Result<Option<LineageRecord
     let seq = seq as i64;
     let row = if let Some(pool) = store.postgres_pool() {
         sqlx::query(
-            "SELECT seq, event_id, run_id, job, openlineage_event, openlineage_at::text AS at, \
-             delta_table, delta_version FROM lineage_records WHERE seq = $1",
+            "SELECT seq, event_id, run_id, job, openlineage_event, openlineage_at::text AS at \
+             FROM lineage_records WHERE seq = $1",
         )
         .bind(seq)
         .fetch_optional(pool)
@@ -217,8 +237,8 @@ pub async fn record(store: &EventStore, seq: u64) -> Result<Option<LineageRecord
         .map(|r| decode(&r, r.try_get::<String, _>("at")))
     } else if let Some(pool) = store.sqlite_pool() {
         sqlx::query(
-            "SELECT seq, event_id, run_id, job, openlineage_event, openlineage_at, delta_table, \
-             delta_version FROM lineage_records WHERE seq = ?",
+            "SELECT seq, event_id, run_id, job, openlineage_event, openlineage_at \
+             FROM lineage_records WHERE seq = ? ",
         )
         .bind(seq)
         .fetch_optional(pool)
@@ -234,7 +254,14 @@ pub async fn record(store: &EventStore, seq: u64) -> Result<Option<LineageRecord
     } else {
         None
     };
-    Ok(row.transpose()?)
+    let Some(mut record) = row.transpose()? else {
+        return Ok(None);
+    };
+    if let Some(commit) = crate::delta_relay::commit_of(store, record.seq).await? {
+        record.delta_table = Some(commit.table);
+        record.delta_version = Some(commit.version);
+    }
+    Ok(Some(record))
 }
 
 fn decode<R>(r: &R, at: Result<String, sqlx::Error>) -> Result<LineageRecord, sqlx::Error>
@@ -242,9 +269,7 @@ where
     R: Row,
     for<'a> &'a str: sqlx::ColumnIndex<R>,
     for<'a> i64: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
-    for<'a> Option<i64>: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
     for<'a> String: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
-    for<'a> Option<String>: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
     for<'a> Uuid: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
 {
     let json: String = r.try_get("openlineage_event")?;
@@ -254,8 +279,8 @@ where
         run_id: r.try_get("run_id")?,
         job: r.try_get("job")?,
         openlineage_at: at?,
-        delta_table: r.try_get("delta_table")?,
-        delta_version: r.try_get("delta_version")?,
+        delta_table: None,
+        delta_version: None,
         openlineage_event: serde_json::from_str(&json).unwrap_or(serde_json::Value::Null),
     })
 }
@@ -270,15 +295,16 @@ pub struct Reconciliation {
     pub missing_delta: Vec<u64>,
 }
 
-/// Compares the ledger's seqs `1..=head` with the lineage records.
+/// Compares the ledger's seqs `1..=head` with the OpenLineage records and the Delta
+/// commits.
 pub async fn reconcile(store: &EventStore) -> Result<Reconciliation, RelayError> {
     let head = store.head().await?.map_or(0, |(s, _)| s);
-    let rows: Vec<(i64, Option<i64>)> = if let Some(pool) = store.postgres_pool() {
-        sqlx::query_as("SELECT seq, delta_version FROM lineage_records ORDER BY seq")
+    let seqs: Vec<i64> = if let Some(pool) = store.postgres_pool() {
+        sqlx::query_scalar("SELECT seq FROM lineage_records ORDER BY seq")
             .fetch_all(pool)
             .await?
     } else if let Some(pool) = store.sqlite_pool() {
-        sqlx::query_as("SELECT seq, delta_version FROM lineage_records ORDER BY seq")
+        sqlx::query_scalar("SELECT seq FROM lineage_records ORDER BY seq")
             .fetch_all(pool)
             .await?
     } else {
@@ -286,22 +312,28 @@ pub async fn reconcile(store: &EventStore) -> Result<Reconciliation, RelayError>
     };
     let mut report = Reconciliation {
         events: head,
+        missing_openlineage: missing(head, seqs.into_iter().map(|s| (s as u64, s as u64))),
         ..Reconciliation::default()
     };
-    let mut rows = rows.into_iter().peekable();
-    for seq in 1..=head {
-        match rows.peek() {
-            Some((s, delta)) if *s as u64 == seq => {
-                if delta.is_none() {
-                    report.missing_delta.push(seq);
-                }
-                rows.next();
-            }
-            _ => {
-                report.missing_openlineage.push(seq);
-                report.missing_delta.push(seq);
-            }
-        }
-    }
+    let commits = crate::delta_relay::commits(store).await?;
+    report.missing_delta = missing(
+        head,
+        commits
+            .iter()
+            .filter(|c| c.table == crate::delta::TABLE_NAME)
+            .map(|c| (c.first_seq, c.last_seq)),
+    );
     Ok(report)
+}
+
+/// The seqs in `1..=head` covered by none of `ranges` (inclusive, sorted by start).
+fn missing(head: u64, ranges: impl Iterator<Item = (u64, u64)>) -> Vec<u64> {
+    let mut out = Vec::new();
+    let mut next = 1;
+    for (first, last) in ranges {
+        out.extend(next..first.min(head + 1));
+        next = next.max(last.saturating_add(1));
+    }
+    out.extend(next..=head);
+    out
 }

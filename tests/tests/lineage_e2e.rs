@@ -105,13 +105,16 @@ async fn every_event_gets_an_openlineage_record_even_across_a_crash() {
     );
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["missing_openlineage"], json!([]), "{report}");
-    // The Delta sink is not wired yet, so every event lacks its Delta version and the
-    // command says so with a failing exit code.
-    assert_eq!(
-        report["missing_delta"].as_array().unwrap().len() as u64,
-        report["events"].as_u64().unwrap()
-    );
-    assert_eq!(out.status.code(), Some(1));
+    // Every event is in exactly one Delta commit of <data>/delta/events, and linked.
+    assert_eq!(report["missing_delta"], json!([]), "{report}");
+    assert_eq!(out.status.code(), Some(0));
+    let head = report["events"].as_u64().unwrap();
+    let mut next = 1;
+    for (first, last) in delta_commit_ranges(&data.join("delta").join("events")) {
+        assert_eq!(first, next, "Delta commits overlap or leave a gap");
+        next = last + 1;
+    }
+    assert_eq!(next, head + 1, "Delta commits do not reach the head");
     // The JSON-lines transport holds every event at least once.
     let lines = std::fs::read_to_string(data.join("lineage").join("openlineage.jsonl")).unwrap();
     let seqs: std::collections::BTreeSet<u64> = lines
@@ -123,4 +126,28 @@ async fn every_event_gets_an_openlineage_record_even_across_a_crash() {
         })
         .collect();
     assert_eq!(seqs.len() as u64, report["events"].as_u64().unwrap());
+}
+
+/// The seq range of each Delta commit, from the commit metadata in `_delta_log`.
+fn delta_commit_ranges(table: &std::path::Path) -> Vec<(u64, u64)> {
+    let mut logs: Vec<_> = std::fs::read_dir(table.join("_delta_log"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    logs.sort();
+    let mut out = Vec::new();
+    for log in logs {
+        for line in std::fs::read_to_string(&log).unwrap().lines() {
+            let action: Value = serde_json::from_str(line).unwrap();
+            let info = &action["commitInfo"];
+            if let (Some(a), Some(b)) = (
+                info["aether.first_seq"].as_u64(),
+                info["aether.last_seq"].as_u64(),
+            ) {
+                out.push((a, b));
+            }
+        }
+    }
+    out
 }

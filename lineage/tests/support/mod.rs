@@ -273,3 +273,32 @@ pub fn digest(label: &str) -> String {
 pub fn hex_of(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// A fresh data directory under the system temp dir, removed when dropped.
+pub struct TempData(pub PathBuf);
+
+impl TempData {
+    pub fn new(name: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_nanos();
+        let dir = std::env::temp_dir().join(format!(
+            "aether-lineage-{name}-{}-{nanos}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        TempData(dir)
+    }
+
+    /// Where the `events` Delta table of this data directory lives.
+    pub fn events_table(&self) -> PathBuf {
+        self.0.join("delta").join("events")
+    }
+}
+
+impl Drop for TempData {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

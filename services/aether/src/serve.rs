@@ -117,6 +117,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         store.clone(),
         aether_lineage::MappingContext::new(&schema_base),
         Some(lineage_dir.join("openlineage.jsonl")),
+        relay_stop_rx.clone(),
+    ));
+    // Delta Lake: every event as a row of <data>/delta/events, many events per commit.
+    let delta_relay = tokio::spawn(aether_lineage::delta_relay::run_delta_relay(
+        store.clone(),
+        aether_lineage::delta_relay::DeltaRelayConfig::new(
+            args.ledger.data_dir.join("delta").join("events"),
+        ),
         relay_stop_rx,
     ));
     tracing::info!(
@@ -167,10 +175,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     follower.abort();
     drain_relay(&store).await;
     let _ = relay_stop_tx.send(true);
-    match relay.await {
-        Ok(Err(e)) => tracing::error!(error = %e, "lineage relay failed"),
-        Err(e) => tracing::error!(error = %e, "lineage relay task failed"),
-        Ok(Ok(())) => {}
+    for (sink, task) in [("openlineage", relay), ("delta", delta_relay)] {
+        match task.await {
+            Ok(Err(e)) => tracing::error!(sink, error = %e, "lineage relay failed"),
+            Err(e) => tracing::error!(sink, error = %e, "lineage relay task failed"),
+            Ok(Ok(())) => {}
+        }
     }
     store.shutdown().await;
     upkeep.abort();
@@ -199,18 +209,25 @@ async fn shutdown_signal() {
     }
 }
 
-/// Gives the lineage relay up to 10 s to reach the ledger's head before it is stopped (it
-/// resumes from its cursor on the next start either way).
+/// Gives the lineage relays up to 10 s to reach the ledger's head before they are stopped
+/// (they resume from their cursors on the next start either way).
 async fn drain_relay(store: &EventStore) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while tokio::time::Instant::now() < deadline {
         let head = store.head().await.ok().flatten().map_or(0, |(s, _)| s);
-        let done = store
-            .load_position(aether_lineage::relay::OPENLINEAGE_CURSOR)
-            .await
-            .ok()
-            .flatten()
-            .unwrap_or(0);
+        let mut done = u64::MAX;
+        for cursor in [
+            aether_lineage::relay::OPENLINEAGE_CURSOR,
+            aether_lineage::delta_relay::DELTA_CURSOR,
+        ] {
+            let at = store
+                .load_position(cursor)
+                .await
+                .ok()
+                .flatten()
+                .unwrap_or(0);
+            done = done.min(at);
+        }
         if done >= head {
             return;
         }

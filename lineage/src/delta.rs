@@ -1,0 +1,391 @@
+//! The Delta Lake sink: ledger events as rows of the `events` Delta table.
+//!
+//! One call to [`DeltaSink::append`] is one Delta commit holding many events, written with
+//! delta-rs' [`RecordBatchWriter`] (no datafusion). Each commit carries:
+//!
+//! - a Delta application transaction (`txn` action) with app id [`APP_ID`] and version = the
+//!   last seq written, which is how the sink knows, after a restart, where it stopped: events
+//!   with `seq <= last_seq` are skipped, so replaying after a crash writes no duplicates;
+//! - commit metadata (in the commit's `commitInfo`) naming the seq range
+//!   ([`META_FIRST_SEQ`], [`META_LAST_SEQ`]) and the last event's hash ([`META_LAST_HASH`]).
+//!
+//! The table is partitioned by `date` (`YYYY-MM-DD` of `recorded_at`, UTC) and created with
+//! `delta.checkpointInterval` = [`CHECKPOINT_INTERVAL`]; the writer's post-commit hook writes
+//! a checkpoint whenever `(version + 1)` is a multiple of it.
+//!
+//! One sink per table: the sink reads the application transaction once, on open.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use aether_ledger::{Hash, RecordedEvent};
+use deltalake::arrow::array::{
+    ArrayRef, Int32Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
+};
+use deltalake::arrow::datatypes::{DataType as ArrowDataType, TimeUnit};
+use deltalake::arrow::error::ArrowError;
+use deltalake::kernel::transaction::CommitProperties;
+use deltalake::kernel::{DataType, PrimitiveType, Transaction};
+use deltalake::writer::{DeltaWriter, RecordBatchWriter};
+use deltalake::{DeltaTable, DeltaTableError, TableProperty};
+
+/// Application id of the sink's Delta application transactions.
+pub const APP_ID: &str = "aether-ledger";
+/// Commit metadata key: seq of the first event in the commit.
+pub const META_FIRST_SEQ: &str = "aether.first_seq";
+/// Commit metadata key: seq of the last event in the commit.
+pub const META_LAST_SEQ: &str = "aether.last_seq";
+/// Commit metadata key: hash (lowercase hex) of the last event in the commit.
+pub const META_LAST_HASH: &str = "aether.last_hash";
+/// `delta.checkpointInterval` of a table the sink creates.
+pub const CHECKPOINT_INTERVAL: u64 = 10;
+/// Name of the table the sink creates.
+pub const TABLE_NAME: &str = "events";
+/// The partition column.
+pub const PARTITION_COLUMN: &str = "date";
+
+/// The table's columns, in order: name and Delta type. All are non-nullable.
+const COLUMNS: [(&str, PrimitiveType); 12] = [
+    ("seq", PrimitiveType::Long),
+    ("stream_id", PrimitiveType::String),
+    ("stream_version", PrimitiveType::Long),
+    ("event_id", PrimitiveType::String),
+    ("event_type", PrimitiveType::String),
+    ("schema_version", PrimitiveType::Integer),
+    ("payload", PrimitiveType::String),
+    ("metadata", PrimitiveType::String),
+    ("recorded_at", PrimitiveType::Timestamp),
+    ("prev_hash", PrimitiveType::String),
+    ("hash", PrimitiveType::String),
+    ("date", PrimitiveType::String),
+];
+
+/// What can go wrong opening or writing the `events` table.
+#[derive(Debug, thiserror::Error)]
+pub enum DeltaError {
+    #[error("invalid Delta table location {location:?}: {reason}")]
+    InvalidLocation { location: String, reason: String },
+    #[error("table at {location} is not an Aether events table: {reason}")]
+    NotAnEventsTable { location: String, reason: String },
+    #[error("events are not contiguous: expected seq {expected}, found seq {found}")]
+    Gap { expected: u64, found: u64 },
+    #[error("hash chain broken at seq {seq}: prev_hash {prev_hash} is not the hash {expected} of seq {}", seq - 1)]
+    ChainBroken {
+        seq: u64,
+        prev_hash: String,
+        expected: String,
+    },
+    #[error("{field} {value} of seq {seq} does not fit its Delta column")]
+    OutOfRange {
+        seq: u64,
+        field: &'static str,
+        value: u64,
+    },
+    #[error("Delta Lake: {0}")]
+    Delta(#[from] DeltaTableError),
+    #[error("Arrow: {0}")]
+    Arrow(#[from] ArrowError),
+}
+
+/// Appends ledger events to the `events` Delta table, idempotently by seq.
+pub struct DeltaSink {
+    table: DeltaTable,
+    location: String,
+    last_seq: u64,
+    /// Hash of the event at `last_seq` when known (from the last commit's metadata, or
+    /// from this sink's own appends); used to check the chain across commits.
+    last_hash: Option<String>,
+}
+
+impl std::fmt::Debug for DeltaSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeltaSink")
+            .field("location", &self.location)
+            .field("version", &self.version())
+            .field("last_seq", &self.last_seq)
+            .finish()
+    }
+}
+
+impl DeltaSink {
+    /// Opens the `events` table at `location` (a local directory, created if absent, or a
+    /// URL), creating the table if there is none there yet.
+    pub async fn open_or_create(location: impl AsRef<Path>) -> Result<Self, DeltaError> {
+        let path = location.as_ref();
+        let location = path.to_string_lossy().into_owned();
+        let text = path.to_str().ok_or_else(|| DeltaError::InvalidLocation {
+            location: location.clone(),
+            reason: "not valid UTF-8".into(),
+        })?;
+        let url = deltalake::ensure_table_uri(text).map_err(|e| DeltaError::InvalidLocation {
+            location: location.clone(),
+            reason: e.to_string(),
+        })?;
+        let mut table = DeltaTable::try_from_url(url).await?;
+        if table.version().is_none() {
+            let mut create = table
+                .create()
+                .with_table_name(TABLE_NAME)
+                .with_comment("Aether ledger events, one row per event (seq), hash-chained")
+                .with_partition_columns([PARTITION_COLUMN])
+                .with_configuration_property(
+                    TableProperty::CheckpointInterval,
+                    Some(CHECKPOINT_INTERVAL.to_string()),
+                );
+            for (name, ty) in COLUMNS {
+                create = create.with_column(name, DataType::Primitive(ty), false, None);
+            }
+            table = create.await?;
+        }
+        check_schema(&table, &location)?;
+
+        let last_seq = match table
+            .snapshot()?
+            .transaction_version(table.log_store().as_ref(), APP_ID)
+            .await?
+        {
+            None => 0,
+            Some(v) => u64::try_from(v).map_err(|_| DeltaError::NotAnEventsTable {
+                location: location.clone(),
+                reason: format!("negative application transaction version {v} for {APP_ID}"),
+            })?,
+        };
+        let mut sink = DeltaSink {
+            table,
+            location,
+            last_seq,
+            last_hash: None,
+        };
+        if last_seq > 0 {
+            // The last commit is normally ours; if it is, it names the last hash.
+            if let Some(meta) = sink.commit_metadata(sink.version()).await?
+                && meta.get(META_LAST_SEQ).and_then(|v| v.as_u64()) == Some(last_seq)
+            {
+                sink.last_hash = meta
+                    .get(META_LAST_HASH)
+                    .and_then(|v| v.as_str())
+                    .map(str::to_owned);
+            }
+        }
+        Ok(sink)
+    }
+
+    /// Seq of the last event committed to the table (0 when none).
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq
+    }
+
+    /// The table version the sink is at (0 right after creation).
+    pub fn version(&self) -> i64 {
+        self.table
+            .version()
+            .map_or(-1, |v| i64::try_from(v).unwrap_or(i64::MAX))
+    }
+
+    /// The underlying table, for reading (file list, snapshot).
+    pub fn table(&self) -> &DeltaTable {
+        &self.table
+    }
+
+    /// The commit metadata of `version` (the `commitInfo` members other than the standard
+    /// ones included): `None` when that version's log entry is gone or has no commit info.
+    pub async fn commit_metadata(
+        &self,
+        version: i64,
+    ) -> Result<Option<serde_json::Map<String, serde_json::Value>>, DeltaError> {
+        let Ok(version) = u64::try_from(version) else {
+            return Ok(None);
+        };
+        let Some(bytes) = self.table.log_store().read_commit_entry(version).await? else {
+            return Ok(None);
+        };
+        for line in bytes.split(|b| *b == b'\n') {
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            let action: serde_json::Value = serde_json::from_slice(line).map_err(|e| {
+                DeltaTableError::Generic(format!("commit {version} has an unreadable line: {e}"))
+            })?;
+            if let Some(serde_json::Value::Object(info)) = action.get("commitInfo") {
+                return Ok(Some(info.clone()));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Appends the events not yet in the table as one Delta commit and returns its version,
+    /// or `None` when every event is already there (seq ≤ [`last_seq`](Self::last_seq)).
+    ///
+    /// The new events must continue the table: seqs `last_seq + 1, last_seq + 2, ...` in
+    /// order, each `prev_hash` the previous event's hash. Anything else is refused and
+    /// nothing is written.
+    pub async fn append(&mut self, events: &[RecordedEvent]) -> Result<Option<i64>, DeltaError> {
+        let new: Vec<&RecordedEvent> = events.iter().filter(|e| e.seq > self.last_seq).collect();
+        let (Some(first), Some(last)) = (new.first(), new.last()) else {
+            return Ok(None);
+        };
+        let mut expected_prev = self.last_hash.clone();
+        for (expected_seq, e) in (self.last_seq + 1..).zip(&new) {
+            if e.seq != expected_seq {
+                return Err(DeltaError::Gap {
+                    expected: expected_seq,
+                    found: e.seq,
+                });
+            }
+            let prev_hash = to_hex(&e.prev_hash);
+            if let Some(expected) = expected_prev
+                && expected != prev_hash
+            {
+                return Err(DeltaError::ChainBroken {
+                    seq: e.seq,
+                    prev_hash,
+                    expected,
+                });
+            }
+            for (field, value) in [("seq", e.seq), ("stream_version", e.stream_version)] {
+                if i64::try_from(value).is_err() {
+                    return Err(DeltaError::OutOfRange {
+                        seq: e.seq,
+                        field,
+                        value,
+                    });
+                }
+            }
+            if i32::try_from(e.schema_version).is_err() {
+                return Err(DeltaError::OutOfRange {
+                    seq: e.seq,
+                    field: "schema_version",
+                    value: u64::from(e.schema_version),
+                });
+            }
+            expected_prev = Some(to_hex(&e.hash));
+        }
+        let last_hash = to_hex(&last.hash);
+        let last_seq = i64::try_from(last.seq).map_err(|_| DeltaError::OutOfRange {
+            seq: last.seq,
+            field: "seq",
+            value: last.seq,
+        })?;
+
+        let properties = CommitProperties::default()
+            .with_application_transaction(Transaction::new(APP_ID, last_seq))
+            .with_metadata([
+                (META_FIRST_SEQ.to_string(), serde_json::json!(first.seq)),
+                (META_LAST_SEQ.to_string(), serde_json::json!(last.seq)),
+                (META_LAST_HASH.to_string(), serde_json::json!(last_hash)),
+            ]);
+        let mut writer =
+            RecordBatchWriter::for_table(&self.table)?.with_commit_properties(properties);
+        let batch = to_record_batch(&writer, &new)?;
+        writer.write(batch).await?;
+        let version = writer.flush_and_commit(&mut self.table).await?;
+
+        self.last_seq = last.seq;
+        self.last_hash = Some(last_hash);
+        Ok(Some(i64::try_from(version).unwrap_or(i64::MAX)))
+    }
+}
+
+/// Refuses a table whose columns or partitioning are not those of [`COLUMNS`].
+fn check_schema(table: &DeltaTable, location: &str) -> Result<(), DeltaError> {
+    let snapshot = table.snapshot()?;
+    let metadata = snapshot.metadata();
+    let schema = snapshot.schema();
+    let found: Vec<(String, String)> = schema
+        .fields()
+        .map(|f| (f.name().to_string(), f.data_type().to_string()))
+        .collect();
+    let wanted: Vec<(String, String)> = COLUMNS
+        .iter()
+        .map(|(n, t)| (n.to_string(), DataType::Primitive(t.clone()).to_string()))
+        .collect();
+    if found != wanted {
+        return Err(DeltaError::NotAnEventsTable {
+            location: location.to_string(),
+            reason: format!("columns are {found:?}, expected {wanted:?}"),
+        });
+    }
+    let partitions: Vec<String> = metadata.partition_columns().to_vec();
+    if partitions != [PARTITION_COLUMN] {
+        return Err(DeltaError::NotAnEventsTable {
+            location: location.to_string(),
+            reason: format!("partitioned by {partitions:?}, expected [\"{PARTITION_COLUMN}\"]"),
+        });
+    }
+    Ok(())
+}
+
+/// The events as one Arrow batch in the writer's schema (partition column included).
+fn to_record_batch(
+    writer: &RecordBatchWriter,
+    events: &[&RecordedEvent],
+) -> Result<RecordBatch, DeltaError> {
+    let schema = writer.arrow_schema();
+    let tz = match schema.field_with_name("recorded_at")?.data_type() {
+        ArrowDataType::Timestamp(TimeUnit::Microsecond, tz) => tz.clone(),
+        other => {
+            return Err(ArrowError::SchemaError(format!(
+                "recorded_at is {other}, expected a microsecond timestamp"
+            ))
+            .into());
+        }
+    };
+    let strings = |f: fn(&RecordedEvent) -> String| -> ArrayRef {
+        Arc::new(StringArray::from_iter_values(events.iter().map(|e| f(e))))
+    };
+    // Ranges were checked by the caller; saturate rather than panic regardless.
+    let longs = |f: fn(&RecordedEvent) -> u64| -> ArrayRef {
+        Arc::new(Int64Array::from_iter_values(
+            events
+                .iter()
+                .map(|e| i64::try_from(f(e)).unwrap_or(i64::MAX)),
+        ))
+    };
+    let columns: Vec<ArrayRef> = schema
+        .fields()
+        .iter()
+        .map(|field| -> Result<ArrayRef, DeltaError> {
+            Ok(match field.name().as_str() {
+                "seq" => longs(|e| e.seq),
+                "stream_id" => strings(|e| e.stream_id.clone()),
+                "stream_version" => longs(|e| e.stream_version),
+                "event_id" => strings(|e| e.event_id.to_string()),
+                "event_type" => strings(|e| e.event_type.clone()),
+                "schema_version" => Arc::new(Int32Array::from_iter_values(
+                    events
+                        .iter()
+                        .map(|e| i32::try_from(e.schema_version).unwrap_or(i32::MAX)),
+                )),
+                "payload" => strings(|e| e.payload.get().to_owned()),
+                "metadata" => strings(|e| e.metadata.get().to_owned()),
+                "recorded_at" => Arc::new(
+                    TimestampMicrosecondArray::from_iter_values(
+                        events.iter().map(|e| e.recorded_at.timestamp_micros()),
+                    )
+                    .with_timezone_opt(tz.clone()),
+                ),
+                "prev_hash" => strings(|e| to_hex(&e.prev_hash)),
+                "hash" => strings(|e| to_hex(&e.hash)),
+                "date" => strings(|e| e.recorded_at.format("%Y-%m-%d").to_string()),
+                other => {
+                    return Err(ArrowError::SchemaError(format!(
+                        "the events table has an unknown column {other:?}"
+                    ))
+                    .into());
+                }
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(RecordBatch::try_new(schema, columns)?)
+}
+
+/// Lowercase hex of a hash.
+fn to_hex(hash: &Hash) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(hash.len() * 2);
+    for b in hash {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
+    out
+}

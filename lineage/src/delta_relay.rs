@@ -1,0 +1,258 @@
+//! The Delta relay: follows the ledger into the `events` Delta table, many events per
+//! commit, and links each commit's seq range to its table version in `delta_commits`.
+//!
+//! Exactly once into Delta: the table's application transaction (app id
+//! [`APP_ID`](crate::delta::APP_ID), version = last seq written) is the relay's cursor, so
+//! after a crash it resumes at the first seq the table does not hold and can never write an
+//! event twice. The `delta_commits` row is written after the Delta commit; a crash in
+//! between is repaired on the next start from the commit metadata in the Delta log. The
+//! relay reads the ledger through a subscription, so a slow or failing Delta sink delays
+//! only itself; its lag is a metric.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use aether_ledger::{EventStore, RecordedEvent};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use tokio::sync::watch;
+
+use crate::delta::{DeltaSink, META_FIRST_SEQ, META_LAST_HASH, META_LAST_SEQ, TABLE_NAME};
+use crate::relay::{RelayError, retry_until_stopped};
+
+/// Where the relay's progress is stored for `aether serve`'s drain at shutdown (the Delta
+/// table itself is the cursor the relay resumes from).
+pub const DELTA_CURSOR: &str = "lineage-delta";
+
+/// How the Delta relay batches events into commits.
+#[derive(Clone, Debug)]
+pub struct DeltaRelayConfig {
+    /// Directory of the `events` table (created on first start).
+    pub location: PathBuf,
+    /// A commit is made once this many events are waiting ...
+    pub max_events: usize,
+    /// ... or once the oldest waiting event has waited this long.
+    pub max_wait: Duration,
+}
+
+impl DeltaRelayConfig {
+    /// Defaults: commits of up to 10,000 events, at most 1 s apart while events arrive.
+    pub fn new(location: impl Into<PathBuf>) -> Self {
+        DeltaRelayConfig {
+            location: location.into(),
+            max_events: 10_000,
+            max_wait: Duration::from_secs(1),
+        }
+    }
+}
+
+/// One Delta commit of the relay: the table version and the seqs it holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DeltaCommit {
+    pub table: String,
+    pub version: i64,
+    pub first_seq: u64,
+    pub last_seq: u64,
+    pub last_hash: String,
+}
+
+/// Follows the ledger until `stop` turns true, writing events to the Delta table. Failures
+/// are logged and retried with backoff from the table's own cursor: delayed, never dropped.
+pub async fn run_delta_relay(
+    store: EventStore,
+    config: DeltaRelayConfig,
+    stop: watch::Receiver<bool>,
+) -> Result<(), RelayError> {
+    retry_until_stopped("delta", stop.clone(), || {
+        follow(store.clone(), config.clone(), stop.clone())
+    })
+    .await
+}
+
+async fn follow(
+    store: EventStore,
+    config: DeltaRelayConfig,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), RelayError> {
+    let mut sink = DeltaSink::open_or_create(&config.location).await?;
+    let repaired = link_unrecorded_commits(&store, &sink).await?;
+    if repaired > 0 {
+        tracing::warn!(
+            commits = repaired,
+            "linked Delta commits whose link was lost in a crash"
+        );
+    }
+    let mut subscription = store.subscribe(sink.last_seq() + 1);
+    let committed = store.committed_seq();
+    let max_events = config.max_events.max(1);
+    loop {
+        let mut batch = tokio::select! {
+            batch = subscription.next_batch(max_events) => batch?,
+            _ = stop.changed() => return Ok(()),
+        };
+        // Gather more until the commit is full or the first event has waited long enough;
+        // a stop request commits what was gathered first.
+        let deadline = tokio::time::Instant::now() + config.max_wait;
+        let mut stopping = false;
+        while batch.len() < max_events {
+            tokio::select! {
+                more = subscription.next_batch(max_events - batch.len()) => batch.extend(more?),
+                _ = tokio::time::sleep_until(deadline) => break,
+                _ = stop.changed() => { stopping = true; break; }
+            }
+        }
+        if let Some(version) = sink.append(&batch).await?
+            && let (Some(first), Some(last)) = (batch.first(), batch.last())
+        {
+            let commit = DeltaCommit {
+                table: TABLE_NAME.to_owned(),
+                version,
+                first_seq: first.seq,
+                last_seq: last.seq,
+                last_hash: hex_of(last),
+            };
+            insert_commit(&store, &commit, Utc::now()).await?;
+            metrics::counter!("aether_lineage_delta_commits_total").increment(1);
+            metrics::counter!("aether_lineage_delta_events_total").increment(batch.len() as u64);
+        }
+        if let Some(last) = batch.last() {
+            store.save_position(DELTA_CURSOR, last.seq).await?;
+            let head = *committed.borrow();
+            metrics::gauge!("aether_lineage_delta_lag_events")
+                .set(head.saturating_sub(last.seq) as f64);
+        }
+        if stopping {
+            return Ok(());
+        }
+    }
+}
+
+fn hex_of(event: &RecordedEvent) -> String {
+    event.hash.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Writes the `delta_commits` rows missing for commits already in the Delta log (a crash
+/// between the Delta commit and its row), read back from each commit's metadata. Returns
+/// how many were written.
+pub async fn link_unrecorded_commits(
+    store: &EventStore,
+    sink: &DeltaSink,
+) -> Result<usize, RelayError> {
+    let recorded = commits(store)
+        .await?
+        .iter()
+        .map(|c| c.version)
+        .max()
+        .unwrap_or(-1);
+    let mut written = 0;
+    for version in (recorded + 1).max(0)..=sink.version() {
+        let Some(meta) = sink.commit_metadata(version).await? else {
+            continue;
+        };
+        let first = meta.get(META_FIRST_SEQ).and_then(|v| v.as_u64());
+        let last = meta.get(META_LAST_SEQ).and_then(|v| v.as_u64());
+        let hash = meta.get(META_LAST_HASH).and_then(|v| v.as_str());
+        // Versions without our metadata (the table's creation) hold no events.
+        if let (Some(first_seq), Some(last_seq), Some(hash)) = (first, last, hash) {
+            let commit = DeltaCommit {
+                table: TABLE_NAME.to_owned(),
+                version,
+                first_seq,
+                last_seq,
+                last_hash: hash.to_owned(),
+            };
+            insert_commit(store, &commit, Utc::now()).await?;
+            written += 1;
+        }
+    }
+    Ok(written)
+}
+
+async fn insert_commit(
+    store: &EventStore,
+    c: &DeltaCommit,
+    now: DateTime<Utc>,
+) -> Result<(), sqlx::Error> {
+    let (first, last) = (c.first_seq as i64, c.last_seq as i64);
+    if let Some(pool) = store.postgres_pool() {
+        sqlx::query(
+            "INSERT INTO delta_commits (delta_table, version, first_seq, last_seq, last_hash, committed_at) \
+             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
+        )
+        .bind(&c.table)
+        .bind(c.version)
+        .bind(first)
+        .bind(last)
+        .bind(&c.last_hash)
+        .bind(now)
+        .execute(pool)
+        .await?;
+    } else if let Some(pool) = store.sqlite_pool() {
+        sqlx::query(
+            "INSERT INTO delta_commits (delta_table, version, first_seq, last_seq, last_hash, committed_at) \
+             VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+        )
+        .bind(&c.table)
+        .bind(c.version)
+        .bind(first)
+        .bind(last)
+        .bind(&c.last_hash)
+        .bind(now.timestamp_micros())
+        .execute(pool)
+        .await?;
+    }
+    Ok(())
+}
+
+type CommitRow = (String, i64, i64, i64, String);
+
+/// Every recorded Delta commit, by table version.
+pub async fn commits(store: &EventStore) -> Result<Vec<DeltaCommit>, sqlx::Error> {
+    const SQL: &str = "SELECT delta_table, version, first_seq, last_seq, last_hash \
+                       FROM delta_commits ORDER BY delta_table, version";
+    let rows: Vec<CommitRow> = if let Some(pool) = store.postgres_pool() {
+        sqlx::query_as(SQL).fetch_all(pool).await?
+    } else if let Some(pool) = store.sqlite_pool() {
+        sqlx::query_as(SQL).fetch_all(pool).await?
+    } else {
+        Vec::new()
+    };
+    Ok(rows.into_iter().map(to_commit).collect())
+}
+
+/// The Delta commit holding `seq`, if it has been written.
+pub async fn commit_of(store: &EventStore, seq: u64) -> Result<Option<DeltaCommit>, sqlx::Error> {
+    let seq = seq as i64;
+    let row: Option<CommitRow> = if let Some(pool) = store.postgres_pool() {
+        sqlx::query_as(
+            "SELECT delta_table, version, first_seq, last_seq, last_hash FROM delta_commits \
+             WHERE delta_table = $1 AND last_seq >= $2 ORDER BY last_seq LIMIT 1",
+        )
+        .bind(TABLE_NAME)
+        .bind(seq)
+        .fetch_optional(pool)
+        .await?
+    } else if let Some(pool) = store.sqlite_pool() {
+        sqlx::query_as(
+            "SELECT delta_table, version, first_seq, last_seq, last_hash FROM delta_commits \
+             WHERE delta_table = ? AND last_seq >= ? ORDER BY last_seq LIMIT 1",
+        )
+        .bind(TABLE_NAME)
+        .bind(seq)
+        .fetch_optional(pool)
+        .await?
+    } else {
+        None
+    };
+    Ok(row.map(to_commit).filter(|c| c.first_seq <= seq as u64))
+}
+
+fn to_commit((table, version, first, last, last_hash): CommitRow) -> DeltaCommit {
+    DeltaCommit {
+        table,
+        version,
+        first_seq: first as u64,
+        last_seq: last as u64,
+        last_hash,
+    }
+}

@@ -1,0 +1,310 @@
+//! The Delta sink against real tables in a temporary directory: versions and last seq survive
+//! a reopen, replays write nothing, gaps and broken chains are refused, the parquet files hold
+//! exactly the appended rows partitioned by date, commits carry the seq range, last hash and
+//! an application transaction, and checkpoints are written.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use aether_ledger::RecordedEvent;
+use aether_ledger::hashing::{GENESIS_PREV_HASH, HashedFields, event_hash};
+use aether_lineage::delta::{DeltaError, DeltaSink};
+use chrono::{DateTime, Duration, TimeZone, Utc};
+use deltalake::arrow::array::{Array, Int64Array, StringArray, TimestampMicrosecondArray};
+use deltalake::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use serde_json::value::RawValue;
+use uuid::Uuid;
+
+mod support;
+use support::TempData;
+
+/// `n` chained events from seq 1, five hours apart (so they span several dates).
+fn chain(n: u64) -> Vec<RecordedEvent> {
+    let start: DateTime<Utc> = Utc.with_ymd_and_hms(2026, 3, 1, 20, 0, 0).unwrap();
+    let mut prev = GENESIS_PREV_HASH;
+    (1..=n)
+        .map(|seq| {
+            let event = make(seq, prev, start + Duration::hours(5 * seq as i64));
+            prev = event.hash;
+            event
+        })
+        .collect()
+}
+
+fn make(seq: u64, prev_hash: aether_ledger::Hash, recorded_at: DateTime<Utc>) -> RecordedEvent {
+    let stream_id = format!("policy-{}", seq % 2);
+    let payload = format!(r#"{{"n":{seq}}}"#);
+    let metadata = r#"{"actor":"test"}"#.to_string();
+    let event_id = Uuid::from_u128(0xae7e_0000_0000_7000_8000_0000_0000_0000 | u128::from(seq));
+    let hash = event_hash(
+        &prev_hash,
+        &HashedFields {
+            seq,
+            stream_id: &stream_id,
+            stream_version: seq.div_ceil(2),
+            event_id,
+            event_type: "policy.ingest",
+            schema_version: 1,
+            payload: &payload,
+            metadata: &metadata,
+            recorded_at,
+        },
+    );
+    RecordedEvent {
+        seq,
+        stream_id,
+        stream_version: seq.div_ceil(2),
+        event_id,
+        event_type: "policy.ingest".into(),
+        schema_version: 1,
+        payload: RawValue::from_string(payload).unwrap(),
+        metadata: RawValue::from_string(metadata).unwrap(),
+        recorded_at,
+        prev_hash,
+        hash,
+    }
+}
+
+fn hex(h: &[u8]) -> String {
+    h.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// One row as read back from a parquet file, with its file's `date=` partition.
+#[derive(Debug)]
+struct Row {
+    seq: i64,
+    hash: String,
+    prev_hash: String,
+    recorded_at_micros: i64,
+    partition_date: String,
+}
+
+/// Every row of every active file of the table, read with `deltalake::parquet`.
+fn read_rows(sink: &DeltaSink) -> Vec<Row> {
+    let uris: Vec<String> = sink.table().get_file_uris().unwrap().collect();
+    assert!(!uris.is_empty());
+    let mut rows = Vec::new();
+    for uri in uris {
+        let path = uri.strip_prefix("file://").unwrap_or(&uri).to_string();
+        let partition_date = Path::new(&path)
+            .parent()
+            .and_then(|p| p.file_name())
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("date="))
+            .unwrap_or_else(|| panic!("{path} is not under a date= partition"))
+            .to_string();
+        let file = std::fs::File::open(&path).unwrap();
+        let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+            .unwrap()
+            .build()
+            .unwrap();
+        for batch in reader {
+            let batch = batch.unwrap();
+            assert!(
+                batch.column_by_name("date").is_none(),
+                "partition column stored in the file"
+            );
+            let col = |name: &str| batch.column_by_name(name).unwrap().clone();
+            let seq = col("seq");
+            let seq = seq.as_any().downcast_ref::<Int64Array>().unwrap();
+            let hash = col("hash");
+            let hash = hash.as_any().downcast_ref::<StringArray>().unwrap();
+            let prev = col("prev_hash");
+            let prev = prev.as_any().downcast_ref::<StringArray>().unwrap();
+            let at = col("recorded_at");
+            let at = at
+                .as_any()
+                .downcast_ref::<TimestampMicrosecondArray>()
+                .unwrap();
+            for i in 0..batch.num_rows() {
+                rows.push(Row {
+                    seq: seq.value(i),
+                    hash: hash.value(i).to_string(),
+                    prev_hash: prev.value(i).to_string(),
+                    recorded_at_micros: at.value(i),
+                    partition_date: partition_date.clone(),
+                });
+            }
+        }
+    }
+    rows
+}
+
+/// The actions of one commit, read straight from `_delta_log`.
+fn log_actions(table_dir: &Path, version: i64) -> Vec<serde_json::Value> {
+    let path = table_dir
+        .join("_delta_log")
+        .join(format!("{version:020}.json"));
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn appends_survive_reopen_replays_write_nothing_and_gaps_are_refused() {
+    let data = TempData::new("reopen");
+    let location = data.events_table();
+    let events = chain(12);
+
+    let mut sink = DeltaSink::open_or_create(&location).await.unwrap();
+    assert_eq!((sink.version(), sink.last_seq()), (0, 0));
+    assert_eq!(sink.append(&events[0..4]).await.unwrap(), Some(1));
+    assert_eq!(sink.append(&events[4..7]).await.unwrap(), Some(2));
+    assert_eq!(sink.append(&events[7..10]).await.unwrap(), Some(3));
+    assert_eq!(sink.append(&[]).await.unwrap(), None);
+    drop(sink);
+
+    let mut sink = DeltaSink::open_or_create(&location).await.unwrap();
+    assert_eq!((sink.version(), sink.last_seq()), (3, 10));
+
+    // Replays after a crash: nothing new, no commit.
+    assert_eq!(sink.append(&events[4..7]).await.unwrap(), None);
+    assert_eq!(sink.append(&events[0..10]).await.unwrap(), None);
+    assert_eq!(sink.version(), 3);
+
+    // A gap (seq 11 missing) is refused and writes nothing.
+    let err = sink.append(&events[11..12]).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            DeltaError::Gap {
+                expected: 11,
+                found: 12
+            }
+        ),
+        "{err}"
+    );
+    // So is a batch that is contiguous in seq but not in hash.
+    let forged = make(11, [7u8; 32], events[10].recorded_at);
+    let err = sink.append(&[forged]).await.unwrap_err();
+    assert!(
+        matches!(err, DeltaError::ChainBroken { seq: 11, .. }),
+        "{err}"
+    );
+    // And a gap inside a batch.
+    let err = sink
+        .append(&[events[10].clone(), events[11].clone(), events[11].clone()])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            DeltaError::Gap {
+                expected: 13,
+                found: 12
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!((sink.version(), sink.last_seq()), (3, 10));
+
+    // A replay that overlaps the end of the table writes only the new events.
+    assert_eq!(sink.append(&events[8..12]).await.unwrap(), Some(4));
+    assert_eq!(sink.last_seq(), 12);
+    drop(sink);
+    let sink = DeltaSink::open_or_create(&location).await.unwrap();
+    assert_eq!((sink.version(), sink.last_seq()), (4, 12));
+
+    // The files hold exactly the appended rows, each seq once, partitioned by date.
+    let rows = read_rows(&sink);
+    let mut by_seq: BTreeMap<i64, &Row> = BTreeMap::new();
+    for row in &rows {
+        assert!(
+            by_seq.insert(row.seq, row).is_none(),
+            "seq {} twice",
+            row.seq
+        );
+    }
+    assert_eq!(rows.len(), events.len());
+    let mut dates = std::collections::BTreeSet::new();
+    for e in &events {
+        let row = by_seq
+            .get(&(e.seq as i64))
+            .unwrap_or_else(|| panic!("seq {} missing", e.seq));
+        assert_eq!(row.hash, hex(&e.hash));
+        assert_eq!(row.prev_hash, hex(&e.prev_hash));
+        assert_eq!(row.recorded_at_micros, e.recorded_at.timestamp_micros());
+        let date = e.recorded_at.format("%Y-%m-%d").to_string();
+        assert_eq!(row.partition_date, date, "seq {}", e.seq);
+        dates.insert(date);
+    }
+    assert!(dates.len() >= 3, "events should span several dates");
+}
+
+#[tokio::test]
+async fn commits_carry_seq_range_last_hash_and_an_application_transaction() {
+    let data = TempData::new("meta");
+    let location = data.events_table();
+    let events = chain(7);
+    let mut sink = DeltaSink::open_or_create(&location).await.unwrap();
+    sink.append(&events[0..3]).await.unwrap();
+    assert_eq!(sink.append(&events[3..7]).await.unwrap(), Some(2));
+
+    // Through the sink.
+    let meta = sink.commit_metadata(2).await.unwrap().unwrap();
+    assert_eq!(meta["aether.first_seq"], 4);
+    assert_eq!(meta["aether.last_seq"], 7);
+    assert_eq!(meta["aether.last_hash"], hex(&events[6].hash));
+
+    // Straight from the log: commit info and the `txn` action of the last version.
+    let actions = log_actions(&location, sink.version());
+    let info = actions
+        .iter()
+        .find_map(|a| a.get("commitInfo"))
+        .expect("commitInfo");
+    assert_eq!(info["aether.first_seq"], 4);
+    assert_eq!(info["aether.last_seq"], 7);
+    assert_eq!(info["aether.last_hash"], hex(&events[6].hash));
+    let txn = actions
+        .iter()
+        .find_map(|a| a.get("txn"))
+        .expect("txn action");
+    assert_eq!(txn["appId"], "aether-ledger");
+    assert_eq!(txn["version"], 7);
+    let first = log_actions(&location, 1);
+    let info = first.iter().find_map(|a| a.get("commitInfo")).unwrap();
+    assert_eq!(
+        (&info["aether.first_seq"], &info["aether.last_seq"]),
+        (&serde_json::json!(1), &serde_json::json!(3))
+    );
+
+    // The table's configuration asks for checkpoints.
+    let created = log_actions(&location, 0);
+    let config = created
+        .iter()
+        .find_map(|a| a.get("metaData"))
+        .map(|m| &m["configuration"])
+        .unwrap();
+    assert_eq!(config["delta.checkpointInterval"], "10");
+}
+
+#[tokio::test]
+async fn checkpoints_are_written_and_state_is_recovered_from_them() {
+    let data = TempData::new("checkpoint");
+    let location = data.events_table();
+    let events = chain(12);
+    let mut sink = DeltaSink::open_or_create(&location).await.unwrap();
+    for (i, e) in events.iter().enumerate() {
+        assert_eq!(
+            sink.append(std::slice::from_ref(e)).await.unwrap(),
+            Some(i as i64 + 1)
+        );
+    }
+    let log = location.join("_delta_log");
+    assert!(
+        log.join(format!("{:020}.checkpoint.parquet", 9)).exists(),
+        "no checkpoint at version 9"
+    );
+    assert!(log.join("_last_checkpoint").exists());
+    // Commits 0..=9 could now be cleaned up; state must come from the checkpoint plus
+    // the later commits. Hide the commits the checkpoint covers to prove it.
+    for v in 0..=9 {
+        std::fs::remove_file(log.join(format!("{v:020}.json"))).unwrap();
+    }
+    let mut sink = DeltaSink::open_or_create(&location).await.unwrap();
+    assert_eq!((sink.version(), sink.last_seq()), (12, 12));
+    assert_eq!(sink.append(&events).await.unwrap(), None);
+    assert_eq!(read_rows(&sink).len(), events.len());
+}
