@@ -560,3 +560,169 @@ async fn a_rollout_follows_its_state_machine_over_http() {
     assert_eq!(replayed["state"], live["state"]);
     assert_eq!(replayed["digest"], live["digest"]);
 }
+
+fn corpus_document(name: &str) -> Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../services/rag/corpus")
+        .join(format!("{name}.md"));
+    serde_json::json!({
+        "id": name,
+        "format": "markdown",
+        "text": std::fs::read_to_string(path).unwrap(),
+    })
+}
+
+async fn post_corpus(server: &Server, token: &str, body: Value) -> (u16, Value) {
+    let resp = http()
+        .post(server.url("/v1/corpus/ingest"))
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+async fn get_json(server: &Server, path: &str) -> (u16, Value) {
+    let resp = http()
+        .get(server.url(path))
+        .bearer_auth(REGULATOR_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corpus_versions_are_ingested_searched_refused_precisely_and_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &[]);
+
+    // Version 1: two documents.
+    let (status, v1) = post_corpus(
+        &server,
+        OPERATOR_TOKEN,
+        serde_json::json!({
+            "name": "sg-clearing",
+            "documents": [corpus_document("threshold-reporting"), corpus_document("record-keeping")],
+        }),
+    )
+    .await;
+    assert_eq!(status, 201, "{v1}");
+    assert_eq!(v1["event"]["stream_id"], "corpus/sg-clearing");
+    assert_eq!(v1["corpus"]["previous"], Value::Null);
+    let version1 = v1["corpus"]["version"].as_str().unwrap().to_owned();
+    assert_eq!(version1.len(), 64);
+
+    // Version 2 adds a document on top of version 1.
+    let (status, v2) = post_corpus(
+        &server,
+        OPERATOR_TOKEN,
+        serde_json::json!({ "name": "sg-clearing", "documents": [corpus_document("large-exposures")] }),
+    )
+    .await;
+    assert_eq!(status, 201, "{v2}");
+    assert_eq!(v2["corpus"]["previous"], version1.as_str());
+    assert_eq!(v2["corpus"]["documents"].as_array().unwrap().len(), 3);
+    let version2 = v2["corpus"]["version"].as_str().unwrap().to_owned();
+    assert_ne!(version1, version2);
+
+    // The same documents again change nothing and write nothing.
+    let (status, same) = post_corpus(
+        &server,
+        OPERATOR_TOKEN,
+        serde_json::json!({ "name": "sg-clearing", "documents": [corpus_document("large-exposures")] }),
+    )
+    .await;
+    assert_eq!(status, 200, "{same}");
+    assert_eq!(same["event"], Value::Null);
+    assert_eq!(same["corpus"]["version"], version2.as_str());
+
+    // Retrieval and lookup by clause id on the current version.
+    let (status, hits) = get_json(
+        &server,
+        "/v1/corpora/sg-clearing/search?q=just%20under%20the%20reporting%20threshold&limit=3",
+    )
+    .await;
+    assert_eq!(status, 200, "{hits}");
+    assert_eq!(hits["version"], version2.as_str());
+    assert_eq!(hits["hits"][0]["clause_id"], "structuring-1", "{hits}");
+    let (status, clause) =
+        get_json(&server, "/v1/corpora/sg-clearing/clauses/rep-threshold-1").await;
+    assert_eq!(status, 200, "{clause}");
+    assert_eq!(clause["clause"]["document_id"], "threshold-reporting");
+    let (status, _) = get_json(&server, "/v1/corpora/sg-clearing/clauses/no-such-clause").await;
+    assert_eq!(status, 404);
+    let (status, _) = get_json(&server, "/v1/corpora/nope/search?q=x").await;
+    assert_eq!(status, 404);
+    let (status, problem) = get_json(&server, "/v1/corpora/sg-clearing/search").await;
+    assert_eq!(status, 400, "{problem}");
+
+    // Refusals: a malformed anchor (named with its line), no documents, a bad name, a
+    // regulator, a body that is not JSON. None changes the corpus.
+    let (status, problem) = post_corpus(
+        &server,
+        OPERATOR_TOKEN,
+        serde_json::json!({ "name": "sg-clearing", "documents": [
+            { "id": "broken", "text": "# Broken\n\n## Section {#Upper}\n\nText.\n" }
+        ]}),
+    )
+    .await;
+    assert_eq!(status, 422, "{problem}");
+    assert!(
+        problem["detail"].as_str().unwrap().contains("line 3"),
+        "{problem}"
+    );
+    let (status, problem) = post_corpus(
+        &server,
+        OPERATOR_TOKEN,
+        serde_json::json!({ "name": "sg-clearing", "documents": [] }),
+    )
+    .await;
+    assert_eq!(status, 422, "{problem}");
+    let (status, _) = post_corpus(
+        &server,
+        OPERATOR_TOKEN,
+        serde_json::json!({ "name": "Bad Name!", "documents": [corpus_document("record-keeping")] }),
+    )
+    .await;
+    assert_eq!(status, 422);
+    let (status, _) = post_corpus(
+        &server,
+        REGULATOR_TOKEN,
+        serde_json::json!({ "name": "sg-clearing", "documents": [corpus_document("record-keeping")] }),
+    )
+    .await;
+    assert_eq!(status, 403);
+    let resp = http()
+        .post(server.url("/v1/corpus/ingest"))
+        .bearer_auth(OPERATOR_TOKEN)
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 422);
+    assert_eq!(resp.headers()["content-type"], "application/problem+json");
+    let (_, list) = get_json(&server, "/v1/corpora").await;
+    assert_eq!(list["corpora"][0]["current"]["version"], version2.as_str());
+    assert_eq!(list["corpora"][0]["versions"], 2);
+    let (_, events) = get_json(&server, "/v1/audit/events?event_type=CorpusIngestRejected").await;
+    assert_eq!(events["events"].as_array().unwrap().len(), 3, "{events}");
+
+    // A restart rebuilds both versions from the ledger, with the same digests.
+    assert!(server.terminate().success());
+    let server = Server::start(&data, &[]);
+    let (_, versions) = get_json(&server, "/v1/corpora/sg-clearing/versions").await;
+    let digests: Vec<&str> = versions["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["version"].as_str().unwrap())
+        .collect();
+    assert_eq!(digests, [version1.as_str(), version2.as_str()]);
+    assert!(server.terminate().success());
+}

@@ -160,7 +160,10 @@ async fn rollout(
         })
 }
 
-fn json_body<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<T, Problem> {
+pub(crate) fn json_body<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+    what: &str,
+) -> Result<T, Problem> {
     serde_json::from_slice(body).map_err(|e| {
         Problem::new(
             StatusCode::UNPROCESSABLE_ENTITY,

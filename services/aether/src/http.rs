@@ -54,6 +54,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/lineage/events/{seq}", get(lineage_record))
         .merge(crate::audit_http::routes())
         .merge(crate::control_http::routes())
+        .merge(crate::corpus_http::routes())
         .fallback(not_found)
         .layer(axum::middleware::from_fn(colour))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

@@ -4,6 +4,7 @@ mod audit_http;
 mod auth;
 mod bench;
 mod control_http;
+mod corpus_http;
 mod http;
 mod serve;
 

@@ -1,9 +1,10 @@
 //! Aether's control plane: every change to the clearing engine is an event on the ledger,
 //! and the live state is a projection of those events, rebuilt at start.
 //!
-//! Built so far: the policy registry ([`policies`]). Engines, rollouts and snapshots are
-//! the rest of the control-plane issue.
+//! Built so far: policies, models, corpora, engines and rollouts. The snapshot coordinator
+//! is the rest of the control-plane issue.
 
+pub mod corpora;
 pub mod engines;
 pub mod models;
 pub mod origin;
@@ -12,6 +13,7 @@ pub mod projection;
 mod replay;
 pub mod rollouts;
 
+pub use corpora::{CorpusError, CorpusIngest, CorpusRecord, CorpusRegistry};
 pub use engines::{ActivationRequest, EngineError, EngineRegistry, EngineState, EngineStatus};
 pub use models::{ModelError, ModelRegistry, ModelSpec};
 pub use origin::{ColouringError, Origin};

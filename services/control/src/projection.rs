@@ -5,7 +5,7 @@ use aether_ledger::hashing::{canonical_json, sm3};
 use aether_ledger::{EventStore, LedgerError};
 use serde_json::{Value, json};
 
-use crate::{EngineRegistry, ModelRegistry, PolicyRegistry, RolloutRegistry};
+use crate::{CorpusRegistry, EngineRegistry, ModelRegistry, PolicyRegistry, RolloutRegistry};
 
 /// The registries that make up the control plane's state.
 #[derive(Clone)]
@@ -14,6 +14,7 @@ pub struct ControlState {
     pub models: ModelRegistry,
     pub engines: EngineRegistry,
     pub rollouts: RolloutRegistry,
+    pub corpora: CorpusRegistry,
 }
 
 impl ControlState {
@@ -23,7 +24,9 @@ impl ControlState {
         let models = ModelRegistry::load(store.clone()).await?;
         let engines = EngineRegistry::load(store.clone(), models.clone(), policies.clone()).await?;
         let rollouts = RolloutRegistry::load(store.clone(), models.clone()).await?;
+        let corpora = CorpusRegistry::load(store.clone()).await?;
         Ok(ControlState {
+            corpora,
             policies,
             models,
             engines,
@@ -32,7 +35,7 @@ impl ControlState {
     }
 
     /// The state as one JSON document (engines, models, policies with versions, the rule
-    /// set digest, rollouts).
+    /// set digest, rollouts, corpora with their versions).
     pub fn document(&self) -> Value {
         json!({
             "engines": self.engines.engines(),
@@ -40,6 +43,7 @@ impl ControlState {
             "policies": self.policies.policies(),
             "rule_set_digest": hex::encode(self.policies.engine().snapshot().digest()),
             "rollouts": self.rollouts.all(),
+            "corpora": self.corpora.corpora(),
         })
     }
 

@@ -116,6 +116,19 @@ impl Corpus {
         Ok(self.install(next))
     }
 
+    /// Makes `next`, built elsewhere from [`Corpus::current`], current: for callers that
+    /// must record the change (a ledger event) after building it and before readers see it.
+    pub fn adopt(&self, next: CorpusVersion) -> Result<Arc<CorpusVersion>, RagError> {
+        if next.name() != self.name {
+            return Err(RagError::WrongCorpus {
+                corpus: self.name.clone(),
+                found: next.name().to_string(),
+            });
+        }
+        let _change = self.changes.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok(self.install(next))
+    }
+
     /// Makes an earlier version current again (a rollback to a snapshot).
     pub fn activate(&self, version: &CorpusDigest) -> Result<Arc<CorpusVersion>, RagError> {
         let _change = self.changes.lock().unwrap_or_else(PoisonError::into_inner);

@@ -31,6 +31,9 @@ pub enum RagError {
     #[error("document id {id:?} is invalid: {reason}")]
     InvalidDocumentId { id: String, reason: String },
 
+    #[error("a version of corpus {found:?} cannot become a version of corpus {corpus:?}")]
+    WrongCorpus { corpus: String, found: String },
+
     #[error("document {document} is empty: it has no text")]
     EmptyDocument { document: String },
 

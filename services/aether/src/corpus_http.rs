@@ -1,0 +1,165 @@
+//! The regulatory corpus over HTTP: ingest (operator) and read (operator, regulator).
+
+use aether_control::{CorpusError, CorpusIngest, Origin};
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Router};
+use serde_json::json;
+
+use crate::auth::Role;
+use crate::control_http::json_body;
+use crate::http::{AppState, Problem, authorize, origin_of};
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/v1/corpus/ingest", post(ingest))
+        .route("/v1/corpora", get(list))
+        .route("/v1/corpora/{name}/versions", get(versions))
+        .route("/v1/corpora/{name}/search", get(search))
+        .route("/v1/corpora/{name}/clauses/{id}", get(clause))
+}
+
+/// `POST /v1/corpus/ingest` (operator): `{name, documents: [{id, format, text}], replace}`.
+async fn ingest(
+    State(state): State<AppState>,
+    Extension(origin): Extension<Origin>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, Problem> {
+    let caller = authorize(&state, &headers, &[Role::Operator])?;
+    let origin = origin_of(&origin, &caller);
+    let request: CorpusIngest = json_body(
+        &body,
+        "corpus ingest {name, documents: [{id, format, text}], replace}",
+    )?;
+    match state.control.corpora.ingest(request, &origin).await {
+        Ok((record, Some(event))) => Ok((
+            StatusCode::CREATED,
+            axum::Json(json!({ "corpus": record, "event": event })),
+        )
+            .into_response()),
+        Ok((record, None)) => Ok(axum::Json(json!({
+            "corpus": record,
+            "event": null,
+            "note": "these documents are already in the current version; nothing changed",
+        }))
+        .into_response()),
+        Err(e @ (CorpusError::Invalid(_) | CorpusError::NoDocuments)) => Err(Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid corpus",
+            e.to_string(),
+        )),
+        Err(e @ CorpusError::Conflict { .. }) => Err(Problem::new(
+            StatusCode::CONFLICT,
+            "Corpus version conflict",
+            e.to_string(),
+        )),
+        Err(CorpusError::Ledger(e)) => Err(e.into()),
+    }
+}
+
+fn not_found(name: &str) -> Problem {
+    Problem::new(
+        StatusCode::NOT_FOUND,
+        "Not found",
+        format!("no corpus named {name:?}"),
+    )
+}
+
+/// `GET /v1/corpora`: every corpus with its current version.
+async fn list(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, Problem> {
+    authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
+    let corpora: Vec<_> = state
+        .control
+        .corpora
+        .corpora()
+        .into_iter()
+        .map(|(name, versions)| {
+            json!({ "name": name, "current": versions.last(), "versions": versions.len() })
+        })
+        .collect();
+    Ok(axum::Json(json!({ "corpora": corpora })).into_response())
+}
+
+/// `GET /v1/corpora/{name}/versions`: one corpus's versions, oldest first.
+async fn versions(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Result<Response, Problem> {
+    authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
+    let versions = state
+        .control
+        .corpora
+        .corpora()
+        .remove(&name)
+        .ok_or_else(|| not_found(&name))?;
+    Ok(axum::Json(json!({ "name": name, "versions": versions })).into_response())
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SearchQuery {
+    q: String,
+    limit: Option<usize>,
+}
+
+/// `GET /v1/corpora/{name}/search?q=&limit=`: BM25 search of the current version.
+async fn search(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    query: Result<Query<SearchQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, Problem> {
+    authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
+    let Query(query) = query.map_err(|e| Problem::bad_request(e.body_text()))?;
+    let corpus = state
+        .control
+        .corpora
+        .corpus(&name)
+        .ok_or_else(|| not_found(&name))?;
+    let version = corpus.current();
+    let hits = version
+        .search(&query.q, query.limit.unwrap_or(5))
+        .map_err(|e| Problem::bad_request(e.to_string()))?;
+    Ok(axum::Json(json!({
+        "corpus": name,
+        "version": version.digest().to_hex(),
+        "hits": hits,
+    }))
+    .into_response())
+}
+
+/// `GET /v1/corpora/{name}/clauses/{id}`: one clause of the current version.
+async fn clause(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path((name, id)): Path<(String, String)>,
+) -> Result<Response, Problem> {
+    authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
+    let corpus = state
+        .control
+        .corpora
+        .corpus(&name)
+        .ok_or_else(|| not_found(&name))?;
+    let version = corpus.current();
+    let clause = version.clause(&id).ok_or_else(|| {
+        Problem::new(
+            StatusCode::NOT_FOUND,
+            "Not found",
+            format!(
+                "corpus {name:?} version {} has no clause {id:?}",
+                version.digest().to_hex()
+            ),
+        )
+    })?;
+    Ok(axum::Json(json!({
+        "corpus": name,
+        "version": version.digest().to_hex(),
+        "clause": clause,
+    }))
+    .into_response())
+}
