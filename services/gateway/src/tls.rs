@@ -1,0 +1,413 @@
+//! Mutual TLS for the gateway's gRPC endpoints: the server accepts only clients whose
+//! certificate chains to the configured CA, and clients present their member or worker
+//! certificate.
+//!
+//! Two ways to serve, both with mandatory client certificates:
+//!
+//! * [`ServerTls::incoming`] (recommended): our own TLS 1.3-only acceptor; pass the
+//!   stream to `tonic::transport::Server::builder()...serve_with_incoming(..)` and do
+//!   **not** also set `.tls_config(..)` (that would wrap TLS in TLS).
+//! * [`ServerTls::tonic_config`] / [`server_tls_config`]: tonic's own `ServerTlsConfig`
+//!   (`client_ca_root`, client auth mandatory). tonic picks rustls' default protocol
+//!   versions, which include TLS 1.2 whenever rustls' `tls12` feature is on anywhere in
+//!   the build (it is, via sqlx/reqwest), so it cannot promise TLS 1.3 only.
+//!
+//! Either way `Request::peer_certs()` returns the verified chain, which
+//! [`crate::identity`] turns into a member or worker identity.
+//!
+//! Loading checks everything up front — file readable, PEM present, key matches
+//! certificate, CA usable as a trust anchor — and names the file at fault.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{RootCertStore, ServerConfig};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, mpsc};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tokio_stream::Stream;
+use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+
+use crate::certs::PkiLayout;
+use crate::identity::Role;
+
+/// How long a client may take to complete the TLS handshake before it is dropped.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Handshakes in progress at once; accepting pauses beyond this (backpressure against
+/// connection floods).
+const MAX_CONCURRENT_HANDSHAKES: usize = 1024;
+
+/// Installs rustls' ring provider as the process default. tonic's own TLS (client
+/// side and `ServerTlsConfig`) asks rustls for the process default, which panics when
+/// both ring and aws-lc-rs are compiled in (deltalake pulls in the latter) and none
+/// was installed. Call first thing in `main` and in tests; repeated calls are harmless.
+pub fn install_default_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// PEM file paths of one TLS identity plus the CA that peers must chain to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsPaths {
+    /// CA certificate(s) (PEM) that the peer's certificate must chain to.
+    pub ca: PathBuf,
+    /// Own certificate chain (PEM), leaf first.
+    pub cert: PathBuf,
+    /// Own private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+}
+
+impl TlsPaths {
+    /// The gateway server's files in a dev PKI (see [`crate::certs`]).
+    pub fn server(layout: &PkiLayout) -> Self {
+        let server = layout.server();
+        TlsPaths {
+            ca: layout.ca().cert,
+            cert: server.cert,
+            key: server.key,
+        }
+    }
+
+    /// A member's or worker's client files in a dev PKI.
+    pub fn client(layout: &PkiLayout, role: Role, id: &str) -> Self {
+        let pair = layout.client(role, id);
+        TlsPaths {
+            ca: layout.ca().cert,
+            cert: pair.cert,
+            key: pair.key,
+        }
+    }
+}
+
+/// Which of the three files a [`TlsError`] is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsFile {
+    /// The CA certificate file.
+    Ca,
+    /// The own certificate file.
+    Cert,
+    /// The private key file.
+    Key,
+}
+
+impl std::fmt::Display for TlsFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TlsFile::Ca => "CA certificate",
+            TlsFile::Cert => "certificate",
+            TlsFile::Key => "private key",
+        })
+    }
+}
+
+/// Why TLS material could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// The file could not be read.
+    #[error("cannot read {file} file {path}: {source}")]
+    Read {
+        /// Which file.
+        file: TlsFile,
+        /// Its path.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// The file is not PEM of the expected kind.
+    #[error("{file} file {path} is not usable: {reason}")]
+    Pem {
+        /// Which file.
+        file: TlsFile,
+        /// Its path.
+        path: PathBuf,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The CA file holds a certificate that cannot be a trust anchor.
+    #[error(
+        "CA certificate file {path}: certificate #{index} is not a usable trust anchor: {source}"
+    )]
+    TrustAnchor {
+        /// Its path.
+        path: PathBuf,
+        /// 1-based position in the file.
+        index: usize,
+        /// Why.
+        source: rustls::Error,
+    },
+    /// Building the rustls configuration failed — typically the key does not belong
+    /// to the certificate, or the key type is unsupported.
+    #[error("certificate {cert} with key {key} rejected: {source}")]
+    Identity {
+        /// Certificate path.
+        cert: PathBuf,
+        /// Key path.
+        key: PathBuf,
+        /// Why.
+        source: rustls::Error,
+    },
+    /// The client-certificate verifier could not be built from the CA file.
+    #[error("CA certificate file {path} cannot verify client certificates: {source}")]
+    Verifier {
+        /// CA path.
+        path: PathBuf,
+        /// Why.
+        source: rustls::server::VerifierBuilderError,
+    },
+}
+
+/// The three files, read and parsed.
+#[derive(Debug)]
+struct Material {
+    paths: TlsPaths,
+    ca_pem: Vec<u8>,
+    cert_pem: Vec<u8>,
+    key_pem: Vec<u8>,
+    roots: RootCertStore,
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+}
+
+impl Material {
+    fn load(paths: &TlsPaths) -> Result<Self, TlsError> {
+        let read = |file: TlsFile, path: &Path| {
+            std::fs::read(path).map_err(|source| TlsError::Read {
+                file,
+                path: path.to_owned(),
+                source,
+            })
+        };
+        let ca_pem = read(TlsFile::Ca, &paths.ca)?;
+        let cert_pem = read(TlsFile::Cert, &paths.cert)?;
+        let key_pem = read(TlsFile::Key, &paths.key)?;
+
+        let ca_certs = parse_certs(TlsFile::Ca, &paths.ca, &ca_pem)?;
+        let mut roots = RootCertStore::empty();
+        for (i, cert) in ca_certs.into_iter().enumerate() {
+            roots.add(cert).map_err(|source| TlsError::TrustAnchor {
+                path: paths.ca.clone(),
+                index: i + 1,
+                source,
+            })?;
+        }
+        let chain = parse_certs(TlsFile::Cert, &paths.cert, &cert_pem)?;
+        let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| TlsError::Pem {
+            file: TlsFile::Key,
+            path: paths.key.clone(),
+            reason: match e {
+                rustls::pki_types::pem::Error::NoItemsFound => {
+                    "no PRIVATE KEY block (PKCS#8, RSA or EC) found".to_owned()
+                }
+                other => other.to_string(),
+            },
+        })?;
+        Ok(Material {
+            paths: paths.clone(),
+            ca_pem,
+            cert_pem,
+            key_pem,
+            roots,
+            chain,
+            key,
+        })
+    }
+
+    fn identity_error(&self, source: rustls::Error) -> TlsError {
+        TlsError::Identity {
+            cert: self.paths.cert.clone(),
+            key: self.paths.key.clone(),
+            source,
+        }
+    }
+}
+
+fn parse_certs(
+    file: TlsFile,
+    path: &Path,
+    pem: &[u8],
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let pem_err = |reason: String| TlsError::Pem {
+        file,
+        path: path.to_owned(),
+        reason,
+    };
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| pem_err(e.to_string()))?;
+    if certs.is_empty() {
+        return Err(pem_err("no CERTIFICATE block found".into()));
+    }
+    Ok(certs)
+}
+
+fn ring_provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Server-side mTLS material, loaded and checked.
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    material: Arc<Material>,
+    config: Arc<ServerConfig>,
+}
+
+impl ServerTls {
+    /// Reads and checks the CA, server certificate and key. Builds the TLS 1.3-only
+    /// rustls configuration at once so that a bad key or CA fails here, not at the
+    /// first connection.
+    pub fn load(paths: &TlsPaths) -> Result<Self, TlsError> {
+        let material = Material::load(paths)?;
+        let provider = ring_provider();
+        let verifier = WebPkiClientVerifier::builder_with_provider(
+            material.roots.clone().into(),
+            provider.clone(),
+        )
+        .build()
+        .map_err(|source| TlsError::Verifier {
+            path: paths.ca.clone(),
+            source,
+        })?;
+        let mut config = ServerConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| material.identity_error(e))?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(material.chain.clone(), material.key.clone_key())
+            .map_err(|e| material.identity_error(e))?;
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(ServerTls {
+            material: Arc::new(material),
+            config: Arc::new(config),
+        })
+    }
+
+    /// The TLS 1.3-only rustls server configuration (client certificate mandatory,
+    /// ALPN `h2`), for callers that run their own acceptor.
+    pub fn rustls_config(&self) -> Arc<ServerConfig> {
+        self.config.clone()
+    }
+
+    /// tonic's `ServerTlsConfig`: server identity plus `client_ca_root` with client
+    /// auth mandatory. See the module docs on protocol versions; needs
+    /// [`install_default_crypto_provider`].
+    pub fn tonic_config(&self) -> ServerTlsConfig {
+        ServerTlsConfig::new()
+            .identity(Identity::from_pem(
+                &self.material.cert_pem,
+                &self.material.key_pem,
+            ))
+            .client_ca_root(Certificate::from_pem(&self.material.ca_pem))
+            .client_auth_optional(false)
+            .timeout(HANDSHAKE_TIMEOUT)
+    }
+
+    /// Accepts TCP connections from `listener` and yields those that completed a TLS
+    /// 1.3 handshake with a client certificate from the CA. Handshakes run
+    /// concurrently; failed ones are logged (debug) and dropped. Stops accepting, and
+    /// closes the listener, when the stream is dropped.
+    pub fn incoming(&self, listener: TcpListener) -> TlsIncoming {
+        TlsIncoming::new(listener, self.config.clone())
+    }
+}
+
+/// tonic's `ServerTlsConfig` for the given files (mandatory client certificates from
+/// the CA). Prefer [`ServerTls::incoming`] where TLS 1.3 only matters.
+pub fn server_tls_config(paths: &TlsPaths) -> Result<ServerTlsConfig, TlsError> {
+    Ok(ServerTls::load(paths)?.tonic_config())
+}
+
+/// tonic's `ClientTlsConfig` that trusts `paths.ca` and presents `paths.cert`/`key`.
+/// The files are checked (including that the key matches the certificate) before the
+/// config is returned. The server name checked defaults to the endpoint URI's host;
+/// override with `.domain_name(..)`. Needs [`install_default_crypto_provider`].
+pub fn client_tls_config(paths: &TlsPaths) -> Result<ClientTlsConfig, TlsError> {
+    let material = Material::load(paths)?;
+    rustls::ClientConfig::builder_with_provider(ring_provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| material.identity_error(e))?
+        .with_root_certificates(material.roots.clone())
+        .with_client_auth_cert(material.chain.clone(), material.key.clone_key())
+        .map_err(|e| material.identity_error(e))?;
+    Ok(ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(&material.ca_pem))
+        .identity(Identity::from_pem(&material.cert_pem, &material.key_pem))
+        .timeout(HANDSHAKE_TIMEOUT))
+}
+
+/// Stream of TLS 1.3 connections with verified client certificates, for
+/// `Server::serve_with_incoming`. Yields `TlsStream<TcpStream>`, whose connect info
+/// makes `Request::peer_certs()` work.
+pub struct TlsIncoming {
+    rx: mpsc::Receiver<TlsStream<TcpStream>>,
+    local_addr: Option<std::net::SocketAddr>,
+}
+
+impl TlsIncoming {
+    fn new(listener: TcpListener, config: Arc<ServerConfig>) -> Self {
+        let local_addr = listener.local_addr().ok();
+        let (tx, rx) = mpsc::channel(64);
+        tokio::spawn(accept_loop(listener, TlsAcceptor::from(config), tx));
+        TlsIncoming { rx, local_addr }
+    }
+
+    /// The address the listener is bound to.
+    pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        self.local_addr
+    }
+}
+
+impl Stream for TlsIncoming {
+    type Item = Result<TlsStream<TcpStream>, io::Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx).map(|conn| conn.map(Ok))
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    tx: mpsc::Sender<TlsStream<TcpStream>>,
+) {
+    let handshakes = Arc::new(Semaphore::new(MAX_CONCURRENT_HANDSHAKES));
+    loop {
+        let permit = tokio::select! {
+            _ = tx.closed() => return,
+            permit = handshakes.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => return,
+            },
+        };
+        let (tcp, remote) = tokio::select! {
+            _ = tx.closed() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!(error = %e, "accepting a TCP connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = tcp.set_nodelay(true);
+        let acceptor = acceptor.clone();
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => {
+                    let _ = tx.send(tls).await;
+                }
+                Ok(Err(e)) => tracing::debug!(%remote, error = %e, "TLS handshake failed"),
+                Err(_) => tracing::debug!(%remote, "TLS handshake timed out"),
+            }
+        });
+    }
+}
