@@ -45,6 +45,8 @@ pub fn run_aether(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
 pub struct Server {
     child: Child,
     pub base_url: String,
+    /// `https://127.0.0.1:<port>` of the clearing gateway.
+    pub grpc_url: String,
 }
 
 impl Server {
@@ -58,6 +60,7 @@ impl Server {
             .arg("--data-dir")
             .arg(data_dir)
             .args(["--listen", "127.0.0.1:0"])
+            .args(["--grpc-listen", "127.0.0.1:0"])
             .env_remove("DATABASE_URL")
             .env(
                 "AETHER_TOKENS",
@@ -74,14 +77,22 @@ impl Server {
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
+            let mut http = None;
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 if let Some(url) = line.strip_prefix("aether listening on ") {
-                    let _ = tx.send(url.trim().to_string());
+                    http = Some(url.trim().to_string());
+                }
+                if let (Some(url), Some(grpc)) = (&http, line.strip_prefix("aether clearing on ")) {
+                    let _ = tx.send((url.clone(), grpc.trim().to_string()));
                 }
             }
         });
         match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(base_url) => Server { child, base_url },
+            Ok((base_url, grpc_url)) => Server {
+                child,
+                base_url,
+                grpc_url,
+            },
             Err(_) => {
                 let _ = child.kill();
                 let log = std::fs::read_to_string(&log_path).unwrap_or_default();

@@ -3,6 +3,7 @@
 mod audit_http;
 mod auth;
 mod bench;
+mod clearing;
 mod control_http;
 mod corpus_http;
 mod http;
@@ -42,6 +43,12 @@ enum Command {
     /// Lineage checks.
     #[command(subcommand)]
     Lineage(LineageCommand),
+    /// Development certificates for mTLS.
+    #[command(subcommand)]
+    Certs(CertsCommand),
+    /// A clearing member's client.
+    #[command(subcommand)]
+    Client(ClientCommand),
     /// Rebuild the control plane's state from seq 1 and print its digest (compare with
     /// `GET /v1/state` of the running service).
     Replay {
@@ -51,6 +58,32 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Subcommand)]
+enum CertsCommand {
+    /// Write a development CA, a server certificate (localhost, 127.0.0.1, ::1) and member
+    /// and worker client certificates into `<data>/certs` (bank-a, bank-b, worker-1 and any
+    /// named here).
+    Init {
+        #[arg(long, env = "AETHER_DATA_DIR", default_value = "./aether-data")]
+        data_dir: PathBuf,
+        /// Another member to issue a certificate for (repeatable).
+        #[arg(long = "member")]
+        members: Vec<String>,
+        /// Another worker to issue a certificate for (repeatable).
+        #[arg(long = "worker")]
+        workers: Vec<String>,
+        /// Replace an existing PKI (a new CA: every old certificate stops working).
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClientCommand {
+    /// Submit one trade over mTLS with an SM4 envelope and print the sealed answer, opened.
+    Submit(clearing::SubmitArgs),
 }
 
 #[derive(Subcommand)]
@@ -133,6 +166,9 @@ struct VerifyArgs {
 }
 
 fn main() -> ExitCode {
+    // rustls has two crypto providers in this build (ring, and aws-lc-rs through the Delta
+    // Lake stack); pick one before any TLS is set up.
+    aether_gateway::tls::install_default_crypto_provider();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -155,6 +191,17 @@ fn main() -> ExitCode {
                 json,
             }) => audit_verify(&bundle, public_key.as_deref(), json),
             Command::Replay { ledger, json } => replay(ledger, json).await,
+            Command::Certs(CertsCommand::Init {
+                data_dir,
+                members,
+                workers,
+                force,
+            }) => {
+                clearing::certs_init(&data_dir, members, workers, force).map(|_| ExitCode::SUCCESS)
+            }
+            Command::Client(ClientCommand::Submit(args)) => {
+                clearing::submit(args).await.map(|_| ExitCode::SUCCESS)
+            }
             Command::Lineage(LineageCommand::Reconcile { ledger, json }) => {
                 reconcile(ledger, json).await
             }

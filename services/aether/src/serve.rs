@@ -37,6 +37,8 @@ pub struct ServeArgs {
     /// Longest the writer waits to fill a batch, in microseconds.
     #[arg(long, env = "AETHER_MAX_WAIT_US", default_value_t = 1000)]
     pub max_wait_us: u64,
+    #[command(flatten)]
+    pub clearing: crate::clearing::ClearingArgs,
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -153,6 +155,22 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             "closed engine activations interrupted by a restart"
         );
     }
+    let (grpc_stop_tx, grpc_stop_rx) = tokio::sync::watch::channel(false);
+    let grpc = if args.clearing.no_grpc {
+        None
+    } else {
+        let (addr, task) = crate::clearing::start(
+            &args.clearing,
+            &args.ledger.data_dir,
+            store.clone(),
+            control.clone(),
+            grpc_stop_rx,
+        )
+        .await?;
+        tracing::info!(grpc = %addr, "clearing gateway serving (mTLS)");
+        println!("aether clearing on https://{addr}");
+        Some(task)
+    };
     let state = AppState {
         store: store.clone(),
         tokens: Arc::new(tokens),
@@ -165,6 +183,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .context("HTTP server failed")?;
 
+    let _ = grpc_stop_tx.send(true);
+    if let Some(task) = grpc {
+        let _ = task.await;
+    }
     tracing::info!("shutting down: signing a last checkpoint and draining the ledger writer");
     let _ = stop_tx.send(true);
     match checkpointer.await {

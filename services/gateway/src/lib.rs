@@ -1,7 +1,16 @@
-//! gRPC clearing gateway (mTLS, SM2/SM4 envelope, batching). Built by the clearing issue.
+//! The gRPC clearing gateway: mTLS identities ([`identity`], [`tls`], [`certs`]), the
+//! SM2/SM4 envelope ([`envelope`]), the clearing pipeline ([`clearing`]: rules, routing,
+//! [`batcher`], decision events), its gRPC service ([`service`]) and a client ([`client`]).
+//!
+//! Invariant: a member is never answered before the decision's event has committed.
 
+pub mod batcher;
 pub mod certs;
+pub mod clearing;
+pub mod client;
 pub mod envelope;
 pub mod identity;
 pub mod pb;
+pub mod risk_book;
+pub mod service;
 pub mod tls;

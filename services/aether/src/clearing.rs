@@ -1,0 +1,318 @@
+//! Clearing over gRPC in `aether serve`, and the `certs` and `client` commands.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use aether_control::ControlState;
+use aether_gateway::certs::{DevPkiSpec, InitOutcome, PkiLayout, init_dev_pki};
+use aether_gateway::clearing::{ClearingGateway, GatewayConfig};
+use aether_gateway::client::ClearingClient;
+use aether_gateway::envelope::{
+    EnvelopeKey, RequestKeys, RequestKeysPolicy, SessionKeys, SessionPolicy,
+};
+use aether_gateway::identity::Role;
+use aether_gateway::pb::v1::clearing_service_server::ClearingServiceServer;
+use aether_gateway::pb::v1::{ClearingRequest, Trade};
+use aether_gateway::risk_book::RiskSettings;
+use aether_gateway::service::ClearingServer;
+use aether_gateway::tls::{ServerTls, TlsPaths};
+use aether_ledger::EventStore;
+use anyhow::Context;
+use clap::Args;
+
+/// Members and workers the development PKI issues certificates for on first start.
+pub const DEV_MEMBERS: [&str; 2] = ["bank-a", "bank-b"];
+pub const DEV_WORKERS: [&str; 1] = ["worker-1"];
+
+#[derive(Args, Debug, Clone)]
+pub struct ClearingArgs {
+    /// gRPC (mTLS) listen address of the clearing gateway.
+    #[arg(long, env = "AETHER_GRPC_LISTEN", default_value = "127.0.0.1:50051")]
+    pub grpc_listen: SocketAddr,
+    /// Do not start the clearing gateway.
+    #[arg(long)]
+    pub no_grpc: bool,
+    /// CA, certificate and key (PEM) of the gRPC server; default: the development PKI in
+    /// `<data>/certs`, created on first start.
+    #[arg(long, env = "AETHER_TLS_CA", requires_all = ["tls_cert", "tls_key"])]
+    pub tls_ca: Option<PathBuf>,
+    #[arg(long, env = "AETHER_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    #[arg(long, env = "AETHER_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// The gateway's SM2 envelope key (PKCS#8 PEM); default: `<data>/keys/envelope.pem`.
+    #[arg(long, env = "AETHER_ENVELOPE_KEY")]
+    pub envelope_key: Option<PathBuf>,
+    /// The engine region this gateway clears for (default: the only active engine).
+    #[arg(long, env = "AETHER_CLEARING_REGION")]
+    pub clearing_region: Option<String>,
+    /// Most trades per scoring batch.
+    #[arg(long, env = "AETHER_BATCH_MAX", default_value_t = 500)]
+    pub batch_max: usize,
+    /// Longest a trade waits for its batch to fill, in microseconds.
+    #[arg(long, env = "AETHER_BATCH_DELAY_US", default_value_t = 2000)]
+    pub batch_delay_us: u64,
+    /// Trades waiting for a worker before new ones are refused (RESOURCE_EXHAUSTED).
+    #[arg(long, env = "AETHER_QUEUE_CAPACITY", default_value_t = 10_000)]
+    pub queue_capacity: usize,
+    /// In-process CPU workers (0: one per core).
+    #[arg(long, env = "AETHER_WORKERS", default_value_t = 0)]
+    pub workers: usize,
+    /// Anomaly score at or above which a trade is held for review.
+    #[arg(long, env = "AETHER_HOLD_SCORE", default_value_t = 0.8)]
+    pub hold_score: f64,
+    /// JSON file with the rules' risk settings: `{reporting_threshold_minor,
+    /// high_risk_jurisdictions, limits}`.
+    #[arg(long, env = "AETHER_RISK_SETTINGS")]
+    pub risk_settings: Option<PathBuf>,
+}
+
+/// Where the envelope key lives by default, and its public half for clients.
+pub fn envelope_paths(data_dir: &Path) -> (PathBuf, PathBuf) {
+    let keys = data_dir.join("keys");
+    (keys.join("envelope.pem"), keys.join("envelope.pub.pem"))
+}
+
+/// Starts the clearing gateway; returns its address and the server task.
+pub async fn start(
+    args: &ClearingArgs,
+    data_dir: &Path,
+    store: EventStore,
+    control: ControlState,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let tls_paths = match (&args.tls_ca, &args.tls_cert, &args.tls_key) {
+        (Some(ca), Some(cert), Some(key)) => TlsPaths {
+            ca: ca.clone(),
+            cert: cert.clone(),
+            key: key.clone(),
+        },
+        _ => {
+            let report = init_dev_pki(data_dir, &dev_spec(false))?;
+            if report.outcome != InitOutcome::Exists {
+                tracing::info!(dir = %PkiLayout::new(data_dir).certs_dir.display(), "created the development PKI");
+            }
+            TlsPaths::server(&PkiLayout::new(data_dir))
+        }
+    };
+    let tls = ServerTls::load(&tls_paths)?;
+    let (key_path, public_path) = envelope_paths(data_dir);
+    let key_path = args.envelope_key.clone().unwrap_or(key_path);
+    if let Some(dir) = key_path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let (envelope, created) = EnvelopeKey::load_or_create(&key_path)?;
+    if created {
+        tracing::info!(file = %key_path.display(), "created the SM2 envelope key");
+    }
+    std::fs::write(&public_path, envelope.public_key_pem()?)
+        .with_context(|| format!("cannot write {}", public_path.display()))?;
+
+    let risk = match &args.risk_settings {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            serde_json::from_str::<RiskSettings>(&text)
+                .with_context(|| format!("{} is not valid risk settings", path.display()))?
+        }
+        None => RiskSettings::default(),
+    };
+    let mut config = GatewayConfig {
+        region: args.clearing_region.clone(),
+        hold_score: args.hold_score,
+        risk,
+        ..GatewayConfig::default()
+    };
+    config.batcher.max_batch = args.batch_max.max(1);
+    config.batcher.max_delay = Duration::from_micros(args.batch_delay_us);
+    config.batcher.queue_capacity = args.queue_capacity.max(1);
+    if args.workers > 0 {
+        config.batcher.workers = args.workers;
+    }
+    let gateway = ClearingGateway::new(store, control, config);
+    let server = ClearingServer::new(
+        gateway,
+        Arc::new(envelope),
+        SessionKeys::new(SessionPolicy::default()),
+        RequestKeys::new(RequestKeysPolicy::default()),
+    );
+    let housekeeping = server.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            housekeeping.purge_expired();
+        }
+    });
+
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<ClearingServiceServer<ClearingServer>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(aether_gateway::pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("cannot build gRPC reflection")?;
+    let listener = tokio::net::TcpListener::bind(args.grpc_listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.grpc_listen))?;
+    let local = listener.local_addr()?;
+    let incoming = tls.incoming(listener);
+    let task = tokio::spawn(async move {
+        let result = tonic::transport::Server::builder()
+            .add_service(health)
+            .add_service(reflection)
+            .add_service(ClearingServiceServer::new(server))
+            .serve_with_incoming_shutdown(incoming, async move {
+                let _ = stop.changed().await;
+            })
+            .await;
+        if let Err(e) = result {
+            tracing::error!(error = %e, "the clearing gateway stopped");
+        }
+    });
+    Ok((local, task))
+}
+
+fn dev_spec(force: bool) -> DevPkiSpec {
+    DevPkiSpec {
+        members: DEV_MEMBERS.iter().map(|s| (*s).to_owned()).collect(),
+        workers: DEV_WORKERS.iter().map(|s| (*s).to_owned()).collect(),
+        server_names: Vec::new(),
+        force,
+    }
+}
+
+/// `aether certs init`.
+pub fn certs_init(
+    data_dir: &Path,
+    members: Vec<String>,
+    workers: Vec<String>,
+    force: bool,
+) -> anyhow::Result<()> {
+    let mut spec = dev_spec(force);
+    spec.members.extend(members);
+    spec.workers.extend(workers);
+    spec.members.sort();
+    spec.members.dedup();
+    spec.workers.sort();
+    spec.workers.dedup();
+    let report = init_dev_pki(data_dir, &spec)?;
+    let layout = PkiLayout::new(data_dir);
+    match report.outcome {
+        InitOutcome::Exists => println!(
+            "the development PKI in {} already has every certificate (use --force to replace it)",
+            layout.certs_dir.display()
+        ),
+        _ => {
+            println!(
+                "wrote the development PKI in {}:",
+                layout.certs_dir.display()
+            );
+            for path in &report.written {
+                println!("  {}", path.display());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What `aether client submit` sends.
+#[derive(Args, Debug)]
+pub struct SubmitArgs {
+    /// Data directory holding the development PKI and the gateway's public key.
+    #[arg(long, env = "AETHER_DATA_DIR", default_value = "./aether-data")]
+    pub data_dir: PathBuf,
+    #[arg(long, default_value = "https://127.0.0.1:50051")]
+    pub endpoint: String,
+    /// The member to submit as (its certificate must be in `<data>/certs`).
+    #[arg(long, default_value = "bank-a")]
+    pub member: String,
+    /// Idempotency key (default: a fresh UUID).
+    #[arg(long)]
+    pub request_id: Option<String>,
+    #[arg(long, default_value = "bank-a")]
+    pub buyer: String,
+    #[arg(long, default_value = "bank-b")]
+    pub seller: String,
+    #[arg(long, default_value = "SG0000000001")]
+    pub instrument: String,
+    #[arg(long, default_value = "SGD")]
+    pub currency: String,
+    /// Amount in minor units (cents).
+    #[arg(long, default_value_t = 125_000)]
+    pub amount_minor: i64,
+    /// Settlement date (default: today).
+    #[arg(long)]
+    pub value_date: Option<String>,
+    #[arg(long, default_value = "SG")]
+    pub jurisdiction: String,
+    #[arg(long, default_value_t = 2)]
+    pub counterparty_tier: u32,
+    /// Use a session key (KeyExchange) instead of a key per request.
+    #[arg(long)]
+    pub session: bool,
+}
+
+/// `aether client submit`: one trade, the decision printed as JSON.
+pub async fn submit(args: SubmitArgs) -> anyhow::Result<()> {
+    let layout = PkiLayout::new(&args.data_dir);
+    let tls = TlsPaths::client(&layout, Role::Member, &args.member);
+    let (_, public_key) = envelope_paths(&args.data_dir);
+    let mut client =
+        ClearingClient::connect(&args.endpoint, &tls, &public_key, &args.member).await?;
+    if args.session {
+        client.key_exchange().await?;
+    }
+    let request_id = args
+        .request_id
+        .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+    let value_date = args
+        .value_date
+        .unwrap_or_else(|| chrono::Utc::now().format("%Y-%m-%d").to_string());
+    let answer = client
+        .submit(
+            &request_id,
+            &ClearingRequest {
+                trade: Some(Trade {
+                    buyer: args.buyer,
+                    seller: args.seller,
+                    instrument: args.instrument,
+                    currency: args.currency,
+                    amount_minor: args.amount_minor,
+                    value_date,
+                    jurisdiction: args.jurisdiction,
+                    counterparty_tier: args.counterparty_tier,
+                }),
+                ..ClearingRequest::default()
+            },
+        )
+        .await?;
+    let decision = aether_gateway::pb::v1::Decision::try_from(answer.decision)
+        .map(|d| d.as_str_name().to_owned())
+        .unwrap_or_else(|_| answer.decision.to_string());
+    let receipt = answer.receipt.unwrap_or_default();
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&serde_json::json!({
+            "request_id": answer.request_id,
+            "decision": decision,
+            "score": answer.score,
+            "confidence": answer.confidence,
+            "rules_fired": answer.rules_fired,
+            "cited_clauses": answer.cited_clauses,
+            "model_ref": answer.model_ref,
+            "model_stage": answer.model_stage,
+            "replayed": answer.replayed,
+            "receipt": {
+                "seq": receipt.seq,
+                "event_hash": receipt.event_hash,
+                "snapshot_id": receipt.snapshot_id,
+                "trace_id": receipt.trace_id,
+            },
+        }))?
+    );
+    Ok(())
+}

@@ -1,0 +1,226 @@
+//! The dynamic batcher: trades queue here after the rules and are scored in batches.
+//!
+//! A batch closes when it holds `max_batch` trades or its first trade has waited
+//! `max_delay`, whichever comes first; it then goes to a free worker. The queue is bounded
+//! (`queue_capacity`) and a full queue refuses at once ([`Overloaded`]), so memory never
+//! grows with load: callers answer RESOURCE_EXHAUSTED and members retry. Each batch is
+//! netted by the worker and its `NettingComputed` event is committed before any trade of
+//! the batch is answered.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aether_gpu_worker::{ClearingModel, Score, Trade, TradeContext};
+use aether_ledger::{EventStore, ExpectedVersion, NewEvent};
+use serde_json::json;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use uuid::Uuid;
+
+/// Stream of per-batch netting results.
+pub const NETTING_STREAM: &str = "netting";
+/// Event type of a batch's netting.
+pub const NETTING_COMPUTED: &str = "NettingComputed";
+
+/// How trades are batched and how many batches run at once.
+#[derive(Clone, Debug)]
+pub struct BatcherConfig {
+    pub max_batch: usize,
+    pub max_delay: Duration,
+    pub queue_capacity: usize,
+    /// In-process workers: batches scored at the same time.
+    pub workers: usize,
+}
+
+impl Default for BatcherConfig {
+    /// 500 trades, 2 ms, 10,000 queued, one worker per core (at least 1).
+    fn default() -> Self {
+        BatcherConfig {
+            max_batch: 500,
+            max_delay: Duration::from_millis(2),
+            queue_capacity: 10_000,
+            workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+}
+
+/// One trade waiting to be scored.
+pub struct Job {
+    pub model: Arc<ClearingModel>,
+    pub trade: Trade,
+    pub context: TradeContext,
+    pub reply: oneshot::Sender<Result<Scored, String>>,
+}
+
+/// A trade's score and the batch it was scored in.
+#[derive(Clone, Debug)]
+pub struct Scored {
+    pub score: Score,
+    pub batch_id: Uuid,
+    pub batch_size: usize,
+    /// `cpu` or `cuda:N`, as the worker reported.
+    pub device: String,
+    pub worker: String,
+    pub worker_elapsed: Duration,
+    /// Seq of the batch's `NettingComputed` event.
+    pub netting_seq: u64,
+}
+
+/// The queue is full: the caller should shed load (RESOURCE_EXHAUSTED).
+#[derive(Debug, thiserror::Error)]
+#[error("the clearing queue is full ({capacity} trades waiting); retry shortly")]
+pub struct Overloaded {
+    pub capacity: usize,
+}
+
+/// Handle to the batcher task.
+#[derive(Clone)]
+pub struct Batcher {
+    tx: mpsc::Sender<Job>,
+    capacity: usize,
+}
+
+impl Batcher {
+    /// Starts the collector task; it stops when every handle is dropped.
+    pub fn start(config: BatcherConfig, store: EventStore) -> Batcher {
+        let capacity = config.queue_capacity.max(1);
+        let (tx, rx) = mpsc::channel(capacity);
+        tokio::spawn(collect(config, store, rx));
+        Batcher { tx, capacity }
+    }
+
+    /// Queues a trade, or refuses at once when the queue is full.
+    pub fn submit(&self, job: Job) -> Result<(), Overloaded> {
+        let depth = self.capacity - self.tx.capacity();
+        metrics::gauge!("aether_clearing_queue_depth").set(depth as f64);
+        self.tx.try_send(job).map_err(|_| {
+            metrics::counter!("aether_clearing_overloaded_total").increment(1);
+            Overloaded {
+                capacity: self.capacity,
+            }
+        })
+    }
+}
+
+async fn collect(config: BatcherConfig, store: EventStore, mut rx: mpsc::Receiver<Job>) {
+    let workers = Arc::new(Semaphore::new(config.workers.max(1)));
+    let max_batch = config.max_batch.max(1);
+    while let Some(first) = rx.recv().await {
+        let deadline = tokio::time::Instant::now() + config.max_delay;
+        let mut batch = vec![first];
+        while batch.len() < max_batch {
+            tokio::select! {
+                job = rx.recv() => match job {
+                    Some(job) => batch.push(job),
+                    None => break,
+                },
+                _ = tokio::time::sleep_until(deadline) => break,
+            }
+        }
+        // Wait for a free worker before taking more: a busy pool backs the queue up, and
+        // the bounded queue then refuses new trades.
+        let Ok(permit) = workers.clone().acquire_owned().await else {
+            return;
+        };
+        // A batch may hold trades for several models (baseline and candidate).
+        let mut by_model: HashMap<String, Vec<Job>> = HashMap::new();
+        for job in batch {
+            by_model
+                .entry(job.model.model().digest().to_owned())
+                .or_default()
+                .push(job);
+        }
+        let store = store.clone();
+        tokio::spawn(async move {
+            for (_, jobs) in by_model {
+                run_batch(&store, jobs).await;
+            }
+            drop(permit);
+        });
+    }
+}
+
+/// Scores and nets one single-model batch, records its netting, answers every job.
+async fn run_batch(store: &EventStore, jobs: Vec<Job>) {
+    let Some(model) = jobs.first().map(|j| j.model.clone()) else {
+        return;
+    };
+    let batch_id = Uuid::now_v7();
+    let inputs: Vec<(Trade, TradeContext)> =
+        jobs.iter().map(|j| (j.trade.clone(), j.context)).collect();
+    let outcome = tokio::task::spawn_blocking(move || model.score_and_net(&inputs))
+        .await
+        .map_err(|e| format!("the worker stopped: {e}"))
+        .and_then(|r| r.map_err(|e| e.to_string()));
+    let result = match outcome {
+        Ok(result) => result,
+        Err(reason) => {
+            metrics::counter!("aether_clearing_batch_failures_total").increment(1);
+            for job in jobs {
+                let _ = job.reply.send(Err(reason.clone()));
+            }
+            return;
+        }
+    };
+    metrics::histogram!("aether_clearing_batch_size").record(jobs.len() as f64);
+    metrics::histogram!("aether_clearing_worker_seconds").record(result.elapsed.as_secs_f64());
+    // Amounts as decimal strings: a sum may exceed the ledger's exact JSON integers.
+    let positions: Vec<_> = result
+        .netting
+        .positions
+        .iter()
+        .map(|p| json!({"party": p.party, "currency": p.currency, "net_minor": p.net_minor.to_string()}))
+        .collect();
+    let currencies: Vec<_> = result
+        .netting
+        .currencies
+        .iter()
+        .map(|c| {
+            json!({
+                "currency": c.currency,
+                "gross_minor": c.gross_minor.to_string(),
+                "net_settlement_minor": c.net_settlement_minor.to_string(),
+                "trades": c.trades,
+            })
+        })
+        .collect();
+    let event = NewEvent::new(
+        NETTING_COMPUTED,
+        json!({
+            "batch_id": batch_id.to_string(),
+            "trades": jobs.len(),
+            "request_ids": jobs.iter().map(|j| format!("{}/{}", j.trade.member_id, j.trade.request_id)).collect::<Vec<_>>(),
+            "model_ref": result.model_ref,
+            "model_digest": result.model_digest,
+            "device": result.device,
+            "worker_elapsed_us": u64::try_from(result.elapsed.as_micros()).unwrap_or(u64::MAX),
+            "positions": positions,
+            "currencies": currencies,
+        }),
+    );
+    let netting_seq = match store
+        .append(NETTING_STREAM, ExpectedVersion::Any, vec![event])
+        .await
+    {
+        Ok(committed) => committed.first().map_or(0, |c| c.seq),
+        Err(e) => {
+            let reason = format!("the batch's netting could not be recorded: {e}");
+            for job in jobs {
+                let _ = job.reply.send(Err(reason.clone()));
+            }
+            return;
+        }
+    };
+    let size = jobs.len();
+    for (job, score) in jobs.into_iter().zip(result.scores) {
+        let _ = job.reply.send(Ok(Scored {
+            score,
+            batch_id,
+            batch_size: size,
+            device: result.device.clone(),
+            worker: "in-process".to_owned(),
+            worker_elapsed: result.elapsed,
+            netting_seq,
+        }));
+    }
+}

@@ -1,0 +1,695 @@
+//! The clearing pipeline, independent of the transport: validate → colour → rules →
+//! cited clauses → route by the active rollout → batch → worker → decision →
+//! `ClearingDecided` committed → answer with a receipt.
+//!
+//! Invariant: a member is answered only after the decision's event has committed. A
+//! repeated `(member, request_id)` gets the original decision back and writes nothing,
+//! whether the first is still in flight, recent, or only on the ledger.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use aether_control::{ControlState, EngineStatus, Origin, RolloutPhase};
+use aether_gpu_worker::{ClearingModel, DeviceChoice, Trade, TradeContext};
+use aether_ledger::hashing::{canonical_json, sm3};
+use aether_ledger::{
+    EventFilter, EventStore, ExpectedVersion, LedgerError, NewEvent, RecordedEvent,
+};
+use aether_rules::Action;
+use chrono::{NaiveDate, Timelike, Utc};
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio::sync::{OnceCell, oneshot};
+
+use crate::batcher::{Batcher, BatcherConfig, Job};
+use crate::risk_book::{RiskBook, RiskSettings};
+
+/// Event type of a decision.
+pub const CLEARING_DECIDED: &str = "ClearingDecided";
+/// Answers remembered in memory for fast repeats (older ones come from the ledger).
+const RECENT_ANSWERS: usize = 100_000;
+
+/// The stream of one member's decisions.
+pub fn clearing_stream(member: &str) -> String {
+    format!("clearing/{member}")
+}
+
+/// The trade as the member sent it (proto fields, before validation).
+#[derive(Clone, Debug, Default)]
+pub struct TradeInput {
+    pub buyer: String,
+    pub seller: String,
+    pub instrument: String,
+    pub currency: String,
+    pub amount_minor: i64,
+    pub value_date: String,
+    pub jurisdiction: String,
+    pub counterparty_tier: u32,
+}
+
+/// Traffic colouring from the request (all optional).
+#[derive(Clone, Debug, Default)]
+pub struct Colouring {
+    pub trace_id: String,
+    pub model_stage: String,
+    pub semantic_tag: String,
+    pub traceparent: String,
+}
+
+/// One submission, its member taken from the client certificate.
+#[derive(Clone, Debug)]
+pub struct Submission {
+    pub member_id: String,
+    pub request_id: String,
+    pub trade: TradeInput,
+    pub colouring: Colouring,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    Cleared,
+    HeldForReview,
+    Rejected,
+}
+
+/// Where the decision is on the ledger.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Receipt {
+    pub seq: u64,
+    pub event_hash: String,
+    pub snapshot_id: String,
+    pub trace_id: String,
+}
+
+/// The decision as answered to the member.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Answer {
+    pub request_id: String,
+    pub decision: Decision,
+    pub score: f64,
+    pub confidence: f64,
+    pub rules_fired: Vec<String>,
+    pub cited_clauses: Vec<String>,
+    pub model_ref: String,
+    pub model_stage: String,
+    pub receipt: Receipt,
+    /// True when this is the answer to an earlier submission with the same request id.
+    pub replayed: bool,
+}
+
+/// Why a submission got no decision; nothing was recorded for it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ClearError {
+    #[error("invalid trade: {0}")]
+    InvalidTrade(String),
+    #[error("invalid traffic colouring: {0}")]
+    InvalidColouring(String),
+    #[error("no engine can clear this trade: {0}")]
+    NoEngine(String),
+    #[error("{0}")]
+    Overloaded(String),
+    #[error("the clearing worker failed: {0}")]
+    Worker(String),
+    #[error("the ledger refused the decision: {0}")]
+    Ledger(String),
+}
+
+/// Gateway settings.
+#[derive(Clone, Debug)]
+pub struct GatewayConfig {
+    /// The engine region this gateway clears for; `None`: the only active engine.
+    pub region: Option<String>,
+    /// Anomaly score at or above which a trade is held for review.
+    pub hold_score: f64,
+    pub batcher: BatcherConfig,
+    pub risk: RiskSettings,
+    pub device: DeviceChoice,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            region: None,
+            hold_score: 0.8,
+            batcher: BatcherConfig::default(),
+            risk: RiskSettings::default(),
+            device: DeviceChoice::Cpu,
+        }
+    }
+}
+
+type InFlight = Arc<OnceCell<Result<Answer, ClearError>>>;
+
+struct Inner {
+    store: EventStore,
+    control: ControlState,
+    config: GatewayConfig,
+    batcher: Batcher,
+    risk: RiskBook,
+    models: Mutex<HashMap<String, Arc<ClearingModel>>>,
+    in_flight: Mutex<HashMap<(String, String), InFlight>>,
+    recent: Mutex<RecentAnswers>,
+}
+
+/// The clearing gateway's core; cheap to clone.
+#[derive(Clone)]
+pub struct ClearingGateway {
+    inner: Arc<Inner>,
+}
+
+/// A bounded map of recent answers, oldest evicted first.
+#[derive(Default)]
+struct RecentAnswers {
+    map: HashMap<(String, String), Answer>,
+    order: std::collections::VecDeque<(String, String)>,
+}
+
+impl RecentAnswers {
+    fn insert(&mut self, key: (String, String), answer: Answer) {
+        if self.map.insert(key.clone(), answer).is_none() {
+            self.order.push_back(key);
+        }
+        while self.order.len() > RECENT_ANSWERS {
+            if let Some(old) = self.order.pop_front() {
+                self.map.remove(&old);
+            }
+        }
+    }
+}
+
+/// Which model a trade goes to.
+struct Route {
+    region: String,
+    model_ref: String,
+    /// `blue` (baseline) or `green` (candidate).
+    stage: &'static str,
+    hooks: Vec<String>,
+    rollout: Option<(String, u32)>,
+}
+
+impl ClearingGateway {
+    pub fn new(store: EventStore, control: ControlState, config: GatewayConfig) -> Self {
+        let batcher = Batcher::start(config.batcher.clone(), store.clone());
+        ClearingGateway {
+            inner: Arc::new(Inner {
+                risk: RiskBook::new(config.risk.clone()),
+                store,
+                control,
+                config,
+                batcher,
+                models: Mutex::default(),
+                in_flight: Mutex::default(),
+                recent: Mutex::default(),
+            }),
+        }
+    }
+
+    /// Clears one submission; see the module docs for the guarantees.
+    pub async fn clear(&self, submission: Submission) -> Result<Answer, ClearError> {
+        let key = (submission.member_id.clone(), submission.request_id.clone());
+        if let Some(answer) = self.lock_recent().map.get(&key) {
+            return Ok(replayed(answer.clone()));
+        }
+        let cell = {
+            let mut in_flight = self
+                .inner
+                .in_flight
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            in_flight.entry(key.clone()).or_default().clone()
+        };
+        let mut ran = false;
+        let result = cell
+            .get_or_init(|| {
+                ran = true;
+                self.decide_once(submission)
+            })
+            .await
+            .clone();
+        if ran {
+            if let Ok(answer) = &result {
+                self.lock_recent().insert(key.clone(), answer.clone());
+            }
+            self.inner
+                .in_flight
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&key);
+            result
+        } else {
+            result.map(replayed)
+        }
+    }
+
+    fn lock_recent(&self) -> std::sync::MutexGuard<'_, RecentAnswers> {
+        self.inner
+            .recent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The first submission of a request id: the ledger may still know it from before a
+    /// restart; otherwise decide.
+    async fn decide_once(&self, submission: Submission) -> Result<Answer, ClearError> {
+        if let Some(answer) = self
+            .recorded(&submission.member_id, &submission.request_id)
+            .await
+            .map_err(|e| ClearError::Ledger(e.to_string()))?
+        {
+            return Ok(replayed(answer));
+        }
+        self.decide(submission).await
+    }
+
+    /// The recorded decision of `(member, request_id)`, if any.
+    pub async fn recorded(
+        &self,
+        member: &str,
+        request_id: &str,
+    ) -> Result<Option<Answer>, LedgerError> {
+        let filter = EventFilter {
+            event_type: Some(CLEARING_DECIDED.into()),
+            stream_prefix: Some(clearing_stream(member)),
+            metadata: vec![("request_id".into(), request_id.into())],
+            ..EventFilter::default()
+        };
+        let found = self.inner.store.query(&filter, 0, 16).await?;
+        Ok(found
+            .into_iter()
+            .find(|e| e.stream_id == clearing_stream(member))
+            .and_then(|e| answer_of(&e)))
+    }
+
+    async fn decide(&self, s: Submission) -> Result<Answer, ClearError> {
+        let started = Instant::now();
+        let now = Utc::now();
+        let trade = validate(&s)?;
+        let route = self.route(&s.request_id, &s.colouring.model_stage)?;
+        let origin = origin_of(&s, &route)?;
+        let model = self.model(&route.model_ref).await?;
+
+        // Rules against the live context, then the clauses the fired rules cite.
+        let (context, velocity) = self.inner.risk.context(&s.member_id, now);
+        let rules = self.inner.control.policies.engine();
+        let rule_set = rules.snapshot();
+        let hooks: Vec<&str> = route.hooks.iter().map(String::as_str).collect();
+        let evaluation = rule_set
+            .evaluate(&rules_request(&s, &trade), &context, &hooks)
+            .map_err(|e| ClearError::NoEngine(format!("the engine's policies cannot run: {e}")))?;
+        let corpora = self.inner.control.corpora.current_versions();
+        let cited = self.cited(&evaluation.cited_clauses());
+        let snapshot_id = snapshot_id(&route, &hex::encode(evaluation.rules_digest), &corpora);
+
+        // Score in a batch.
+        let (reply, scored) = oneshot::channel();
+        let context_for_model = TradeContext {
+            hour_utc: u8::try_from(now.hour()).unwrap_or(0),
+            velocity,
+        };
+        self.inner
+            .batcher
+            .submit(Job {
+                model: model.clone(),
+                trade: trade.clone(),
+                context: context_for_model,
+                reply,
+            })
+            .map_err(|e| ClearError::Overloaded(e.to_string()))?;
+        let scored = scored
+            .await
+            .map_err(|_| ClearError::Worker("the batch was dropped".into()))?
+            .map_err(ClearError::Worker)?;
+
+        let score = f64::from(scored.score.score);
+        let decision = match evaluation.decision {
+            Action::Deny => Decision::Rejected,
+            Action::Hold => Decision::HeldForReview,
+            _ if score >= self.inner.config.hold_score => Decision::HeldForReview,
+            _ => Decision::Cleared,
+        };
+        let rules_fired: Vec<String> = evaluation
+            .fired
+            .iter()
+            .map(|f| format!("{}/{}", f.policy, f.rule_id))
+            .collect();
+        let model_stage = origin.model_stage.clone().unwrap_or_default();
+        let event = NewEvent::new(
+            CLEARING_DECIDED,
+            json!({
+                "request_id": s.request_id,
+                "member": s.member_id,
+                "trade": {
+                    "buyer": trade.buyer,
+                    "seller": trade.seller,
+                    "instrument": trade.instrument,
+                    "currency": trade.currency,
+                    // A string: amounts may exceed the ledger's exact JSON integers.
+                    "amount_minor": trade.amount_minor.to_string(),
+                    "value_date": trade.value_date.to_string(),
+                    "jurisdiction": trade.jurisdiction,
+                    "counterparty_tier": trade.counterparty_tier,
+                },
+                "decision": decision,
+                "score": round6(score),
+                "confidence": round6(f64::from(scored.score.confidence)),
+                "rules": evaluation.fired,
+                "rule_errors": evaluation.errors,
+                "rules_fired": rules_fired,
+                "cited_clauses": cited,
+                "model_ref": route.model_ref,
+                "model_digest": model.model().digest(),
+                "model_stage": model_stage,
+                "rollout": route.rollout.as_ref().map(|(id, w)| json!({"id": id, "candidate_weight": w})),
+                "region": route.region,
+                "worker": scored.worker,
+                "device": scored.device,
+                "batch_id": scored.batch_id.to_string(),
+                "batch_size": scored.batch_size,
+                "netting_seq": scored.netting_seq,
+                "latency_us": u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+                "snapshot_id": snapshot_id,
+                "snapshot": {
+                    "rules_digest": hex::encode(evaluation.rules_digest),
+                    "corpora": corpora,
+                },
+            }),
+        )
+        .with_metadata(origin.metadata(json!({
+            "request_id": s.request_id,
+            "member": s.member_id,
+            "snapshot_id": snapshot_id,
+        })));
+        let committed = self
+            .inner
+            .store
+            .append(
+                &clearing_stream(&s.member_id),
+                ExpectedVersion::Any,
+                vec![event],
+            )
+            .await
+            .map_err(|e| ClearError::Ledger(e.to_string()))?;
+        let committed = committed
+            .into_iter()
+            .next()
+            .ok_or_else(|| ClearError::Ledger("no position returned".into()))?;
+        self.inner
+            .risk
+            .record(&trade, decision == Decision::Cleared, now);
+        metrics::counter!("aether_clearing_decisions_total", "decision" => decision_label(decision), "stage" => route.stage).increment(1);
+        metrics::histogram!("aether_clearing_latency_seconds", "stage" => route.stage)
+            .record(started.elapsed().as_secs_f64());
+        Ok(Answer {
+            request_id: s.request_id,
+            decision,
+            score: round6(score),
+            confidence: round6(f64::from(scored.score.confidence)),
+            rules_fired,
+            cited_clauses: cited,
+            model_ref: route.model_ref,
+            model_stage,
+            receipt: Receipt {
+                seq: committed.seq,
+                event_hash: hex::encode(committed.hash),
+                snapshot_id,
+                trace_id: origin.trace_id,
+            },
+            replayed: false,
+        })
+    }
+
+    /// The active engine and, during a rollout, baseline or candidate for this request.
+    fn route(&self, request_id: &str, requested_stage: &str) -> Result<Route, ClearError> {
+        let active: Vec<_> = self
+            .inner
+            .control
+            .engines
+            .engines()
+            .into_iter()
+            .filter(|e| e.status == EngineStatus::Active)
+            .collect();
+        let engine = match &self.inner.config.region {
+            Some(region) => active.iter().find(|e| &e.region == region).ok_or_else(|| {
+                ClearError::NoEngine(format!("no active engine in region {region}"))
+            })?,
+            None => match active.as_slice() {
+                [one] => one,
+                [] => return Err(ClearError::NoEngine("no engine has been activated".into())),
+                many => {
+                    return Err(ClearError::NoEngine(format!(
+                        "several regions are active ({}); start the gateway with a region",
+                        many.iter()
+                            .map(|e| e.region.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )));
+                }
+            },
+        };
+        let rollout = self.inner.control.rollouts.all().into_iter().find(|r| {
+            r.region == engine.region
+                && matches!(r.phase, RolloutPhase::Progressing | RolloutPhase::Paused)
+        });
+        let (model_ref, stage) = match &rollout {
+            Some(r) => {
+                let candidate = if requested_stage.starts_with("green-") {
+                    true
+                } else if requested_stage.starts_with("blue-") {
+                    false
+                } else {
+                    bucket(request_id) < r.candidate_weight
+                };
+                if candidate {
+                    (r.candidate.clone(), "green")
+                } else {
+                    (r.baseline.clone(), "blue")
+                }
+            }
+            None => (engine.model_ref.clone(), "blue"),
+        };
+        Ok(Route {
+            region: engine.region.clone(),
+            model_ref,
+            stage,
+            hooks: engine.policy_hooks.clone(),
+            rollout: rollout.map(|r| (r.id, r.candidate_weight)),
+        })
+    }
+
+    /// The loaded model for `model_ref`, its digest checked against the registry.
+    async fn model(&self, model_ref: &str) -> Result<Arc<ClearingModel>, ClearError> {
+        let spec =
+            self.inner.control.models.get(model_ref).ok_or_else(|| {
+                ClearError::NoEngine(format!("model {model_ref} is not registered"))
+            })?;
+        if let Some(m) = self
+            .inner
+            .models
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&spec.digest)
+        {
+            return Ok(m.clone());
+        }
+        let path = aether_control::models::local_path(&spec.uri).ok_or_else(|| {
+            ClearError::NoEngine(format!(
+                "model {model_ref} is at {}, which in-process workers cannot read",
+                spec.uri
+            ))
+        })?;
+        let device = self.inner.config.device;
+        let digest = spec.digest.clone();
+        let loaded =
+            tokio::task::spawn_blocking(move || ClearingModel::load(&path, &digest, device))
+                .await
+                .map_err(|e| ClearError::Worker(e.to_string()))?
+                .map_err(|e| ClearError::NoEngine(format!("model {model_ref}: {e}")))?;
+        let loaded = Arc::new(loaded);
+        self.inner
+            .models
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(spec.digest, loaded.clone());
+        Ok(loaded)
+    }
+
+    /// The cited clause ids that exist in a current corpus version, as `corpus:clause`.
+    fn cited(&self, ids: &[&str]) -> Vec<String> {
+        let corpora = self.inner.control.corpora.corpora();
+        let mut out = Vec::new();
+        for id in ids {
+            let found = corpora.keys().find(|name| {
+                self.inner
+                    .control
+                    .corpora
+                    .corpus(name)
+                    .is_some_and(|c| c.current().clause(id).is_some())
+            });
+            match found {
+                Some(name) => out.push(format!("{name}:{id}")),
+                None => out.push((*id).to_owned()),
+            }
+        }
+        out
+    }
+}
+
+fn replayed(mut answer: Answer) -> Answer {
+    answer.replayed = true;
+    answer
+}
+
+fn decision_label(d: Decision) -> &'static str {
+    match d {
+        Decision::Cleared => "cleared",
+        Decision::HeldForReview => "held_for_review",
+        Decision::Rejected => "rejected",
+    }
+}
+
+/// Scores are recorded rounded so that the event's JSON is exact and stable.
+fn round6(x: f64) -> f64 {
+    (x * 1e6).round() / 1e6
+}
+
+/// A stable bucket in 0..100 for a request id (SM3, first two bytes).
+fn bucket(request_id: &str) -> u32 {
+    let h = sm3(request_id.as_bytes());
+    u32::from(u16::from_be_bytes([h[0], h[1]])) % 100
+}
+
+/// The content address of what a decision was made under: routing, rule set, corpora.
+fn snapshot_id(
+    route: &Route,
+    rules_digest: &str,
+    corpora: &std::collections::BTreeMap<String, String>,
+) -> String {
+    let doc = json!({
+        "gateway": {
+            "region": route.region,
+            "model_ref": route.model_ref,
+            "stage": route.stage,
+            "rollout": route.rollout.as_ref().map(|(id, w)| json!({"id": id, "candidate_weight": w})),
+        },
+        "rules": rules_digest,
+        "rag": corpora,
+    });
+    hex::encode(sm3(canonical_json(&doc).unwrap_or_default().as_bytes()))
+}
+
+fn validate(s: &Submission) -> Result<Trade, ClearError> {
+    let t = &s.trade;
+    let value_date = NaiveDate::parse_from_str(&t.value_date, "%Y-%m-%d").map_err(|_| {
+        ClearError::InvalidTrade(format!(
+            "value_date {:?} is not a date in the form YYYY-MM-DD",
+            t.value_date
+        ))
+    })?;
+    let tier = u8::try_from(t.counterparty_tier)
+        .ok()
+        .filter(|t| (1..=5).contains(t))
+        .ok_or_else(|| {
+            ClearError::InvalidTrade(format!(
+                "counterparty_tier must be 1 to 5, got {}",
+                t.counterparty_tier
+            ))
+        })?;
+    let trade = Trade {
+        request_id: s.request_id.clone(),
+        member_id: s.member_id.clone(),
+        buyer: t.buyer.clone(),
+        seller: t.seller.clone(),
+        instrument: t.instrument.clone(),
+        currency: t.currency.clone(),
+        amount_minor: t.amount_minor,
+        value_date,
+        jurisdiction: t.jurisdiction.clone(),
+        counterparty_tier: tier,
+    };
+    trade
+        .validate()
+        .map_err(|e| ClearError::InvalidTrade(e.to_string()))?;
+    if trade.buyer == trade.seller {
+        return Err(ClearError::InvalidTrade(
+            "buyer and seller are the same party".into(),
+        ));
+    }
+    Ok(trade)
+}
+
+fn origin_of(s: &Submission, route: &Route) -> Result<Origin, ClearError> {
+    let opt = |v: &str| (!v.is_empty()).then(|| v.to_owned());
+    let model_name = route
+        .model_ref
+        .split('@')
+        .next()
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    let stage = format!("{}-{model_name}", route.stage);
+    let c = &s.colouring;
+    Origin::from_headers(
+        &format!("member:{}", s.member_id),
+        opt(&c.trace_id).as_deref(),
+        opt(&c.traceparent).as_deref(),
+        Some(&stage),
+        opt(&c.semantic_tag).as_deref(),
+    )
+    .map_err(|e| ClearError::InvalidColouring(e.to_string()))
+}
+
+/// The rules' `request`: the trade in the documented shape (see `aether_rules::sample_request`).
+fn rules_request(s: &Submission, t: &Trade) -> Value {
+    json!({
+        "request_id": s.request_id,
+        "member": s.member_id,
+        "buyer": t.buyer,
+        "seller": t.seller,
+        "counterparty": t.seller,
+        "instrument": t.instrument,
+        "currency": t.currency,
+        "amount_minor": t.amount_minor,
+        "value_date": t.value_date.to_string(),
+        "jurisdiction": t.jurisdiction,
+        "counterparty_tier": t.counterparty_tier,
+    })
+}
+
+/// The answer a recorded `ClearingDecided` event gave.
+pub fn answer_of(event: &RecordedEvent) -> Option<Answer> {
+    let p = event.payload_value().ok()?;
+    let decision = match p["decision"].as_str()? {
+        "cleared" => Decision::Cleared,
+        "held_for_review" => Decision::HeldForReview,
+        "rejected" => Decision::Rejected,
+        _ => return None,
+    };
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let meta = event.metadata_value().ok()?;
+    Some(Answer {
+        request_id: p["request_id"].as_str()?.to_owned(),
+        decision,
+        score: p["score"].as_f64()?,
+        confidence: p["confidence"].as_f64()?,
+        rules_fired: strings(&p["rules_fired"]),
+        cited_clauses: strings(&p["cited_clauses"]),
+        model_ref: p["model_ref"].as_str()?.to_owned(),
+        model_stage: p["model_stage"].as_str().unwrap_or_default().to_owned(),
+        receipt: Receipt {
+            seq: event.seq,
+            event_hash: hex::encode(event.hash),
+            snapshot_id: p["snapshot_id"].as_str().unwrap_or_default().to_owned(),
+            trace_id: meta["trace_id"].as_str().unwrap_or_default().to_owned(),
+        },
+        replayed: false,
+    })
+}

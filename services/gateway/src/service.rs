@@ -1,0 +1,326 @@
+//! `ClearingService` over gRPC: identity from the client certificate, the SM2/SM4
+//! envelope opened and the answer sealed with the same key, the pipeline in between.
+//!
+//! Envelope failures are answered UNAUTHENTICATED (or as their kind says) and leave
+//! nothing but a counter behind: no event, no state.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use prost::Message;
+use tokio::sync::mpsc;
+use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::clearing::{
+    Answer, ClearError, ClearingGateway, Colouring, Decision, Submission, TradeInput,
+};
+use crate::envelope::{
+    Aad, Direction, EnvelopeError, EnvelopeKey, ErrorKind, KEY_HEADER, RequestKeys, SessionKeys,
+    seal, unix_now,
+};
+use crate::identity::Peer;
+use crate::pb::v1::clearing_service_server::ClearingService;
+use crate::pb::v1::{
+    self as pb, ClearingRequest, KeyExchangeRequest, KeyExchangeResponse, SealedBatchRequest,
+    SealedBatchResponse, SealedRequest, SealedResponse,
+};
+
+pub const METHOD_SUBMIT: &str = "/aether.v1.ClearingService/Submit";
+pub const METHOD_SUBMIT_BATCH: &str = "/aether.v1.ClearingService/SubmitBatch";
+pub const METHOD_SUBMIT_STREAM: &str = "/aether.v1.ClearingService/SubmitStream";
+/// Most requests in one `SubmitBatch`.
+pub const MAX_BATCH_REQUESTS: usize = 1_000;
+
+/// The gRPC face of a [`ClearingGateway`].
+#[derive(Clone)]
+pub struct ClearingServer {
+    gateway: ClearingGateway,
+    envelope: Arc<EnvelopeKey>,
+    sessions: Arc<SessionKeys>,
+    request_keys: Arc<RequestKeys>,
+}
+
+impl ClearingServer {
+    pub fn new(
+        gateway: ClearingGateway,
+        envelope: Arc<EnvelopeKey>,
+        sessions: SessionKeys,
+        request_keys: RequestKeys,
+    ) -> Self {
+        ClearingServer {
+            gateway,
+            envelope,
+            sessions: Arc::new(sessions),
+            request_keys: Arc::new(request_keys),
+        }
+    }
+
+    /// Drops expired session keys and replay records; call from a timer.
+    pub fn purge_expired(&self) {
+        let now = unix_now();
+        self.sessions.purge_expired(now);
+        self.request_keys.forget_expired(now);
+    }
+
+    /// One sealed request, start to end.
+    async fn one(
+        &self,
+        peer: &Peer,
+        method: &str,
+        key_header: Option<&str>,
+        sealed: SealedRequest,
+    ) -> Result<SealedResponse, Status> {
+        peer.authorize_member(&sealed.member_id)?;
+        let aad = Aad {
+            direction: Direction::Request,
+            method,
+            request_id: &sealed.request_id,
+            member_id: &sealed.member_id,
+            key_id: &sealed.key_id,
+            issued_at: sealed.issued_at,
+        };
+        let now = unix_now();
+        let opened = if sealed.key_id.is_empty() {
+            let header = key_header.ok_or_else(|| {
+                envelope_failure("no_key");
+                Status::unauthenticated(format!(
+                    "the request names no session key id and carries no {KEY_HEADER} metadata"
+                ))
+            })?;
+            self.request_keys.open(
+                &self.envelope,
+                header,
+                &aad,
+                &sealed.nonce,
+                &sealed.ciphertext,
+                now,
+            )
+        } else {
+            self.sessions
+                .open(&aad, &sealed.nonce, &sealed.ciphertext, now)
+        }
+        .map_err(envelope_status)?;
+        let request = ClearingRequest::decode(opened.plaintext.as_slice()).map_err(|e| {
+            Status::invalid_argument(format!("the opened payload is not a ClearingRequest: {e}"))
+        })?;
+        let trade = request
+            .trade
+            .ok_or_else(|| Status::invalid_argument("the ClearingRequest has no trade"))?;
+        let answer = self
+            .gateway
+            .clear(Submission {
+                member_id: sealed.member_id.clone(),
+                request_id: sealed.request_id.clone(),
+                trade: TradeInput {
+                    buyer: trade.buyer,
+                    seller: trade.seller,
+                    instrument: trade.instrument,
+                    currency: trade.currency,
+                    amount_minor: trade.amount_minor,
+                    value_date: trade.value_date,
+                    jurisdiction: trade.jurisdiction,
+                    counterparty_tier: trade.counterparty_tier,
+                },
+                colouring: Colouring {
+                    trace_id: request.trace_id,
+                    model_stage: request.model_stage,
+                    semantic_tag: request.semantic_tag,
+                    traceparent: request.traceparent,
+                },
+            })
+            .await
+            .map_err(clear_status)?;
+        let plaintext = to_pb(answer).encode_to_vec();
+        let issued_at = unix_now();
+        let out =
+            seal(&opened.key, &aad.response(issued_at), &plaintext).map_err(envelope_status)?;
+        Ok(SealedResponse {
+            request_id: sealed.request_id,
+            nonce: out.nonce.to_vec(),
+            ciphertext: out.ciphertext,
+            issued_at,
+        })
+    }
+}
+
+fn key_header<T>(request: &Request<T>) -> Option<String> {
+    request
+        .metadata()
+        .get(KEY_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+fn envelope_failure(kind: &'static str) {
+    metrics::counter!("aether_envelope_failures_total", "kind" => kind).increment(1);
+}
+
+/// The gRPC status of an envelope failure; internal details stay in the log.
+fn envelope_status(e: EnvelopeError) -> Status {
+    match e.kind() {
+        ErrorKind::Unauthenticated => {
+            envelope_failure("unauthenticated");
+            Status::unauthenticated(e.to_string())
+        }
+        ErrorKind::InvalidArgument => {
+            envelope_failure("invalid_argument");
+            Status::invalid_argument(e.to_string())
+        }
+        ErrorKind::ResourceExhausted => {
+            envelope_failure("resource_exhausted");
+            Status::resource_exhausted(e.to_string())
+        }
+        _ => {
+            tracing::error!(error = %e, "envelope failure");
+            Status::internal("the gateway could not process the envelope")
+        }
+    }
+}
+
+fn clear_status(e: ClearError) -> Status {
+    match &e {
+        ClearError::InvalidTrade(_) | ClearError::InvalidColouring(_) => {
+            Status::invalid_argument(e.to_string())
+        }
+        ClearError::NoEngine(_) => Status::failed_precondition(e.to_string()),
+        ClearError::Overloaded(_) => Status::resource_exhausted(e.to_string()),
+        ClearError::Worker(_) => Status::unavailable(e.to_string()),
+        ClearError::Ledger(_) => {
+            tracing::error!(error = %e, "a decision could not be recorded");
+            Status::unavailable(e.to_string())
+        }
+    }
+}
+
+fn to_pb(a: Answer) -> pb::ClearingAnswer {
+    let decision = match a.decision {
+        Decision::Cleared => pb::Decision::Cleared,
+        Decision::HeldForReview => pb::Decision::HeldForReview,
+        Decision::Rejected => pb::Decision::Rejected,
+    };
+    pb::ClearingAnswer {
+        request_id: a.request_id,
+        decision: decision as i32,
+        score: a.score,
+        confidence: a.confidence,
+        rules_fired: a.rules_fired,
+        cited_clauses: a.cited_clauses,
+        receipt: Some(pb::Receipt {
+            seq: a.receipt.seq,
+            event_hash: a.receipt.event_hash,
+            snapshot_id: a.receipt.snapshot_id,
+            trace_id: a.receipt.trace_id,
+        }),
+        model_ref: a.model_ref,
+        model_stage: a.model_stage,
+        replayed: a.replayed,
+    }
+}
+
+type AnswerStream = Pin<Box<dyn Stream<Item = Result<SealedResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ClearingService for ClearingServer {
+    async fn key_exchange(
+        &self,
+        request: Request<KeyExchangeRequest>,
+    ) -> Result<Response<KeyExchangeResponse>, Status> {
+        let peer = Peer::from_request(&request)?;
+        peer.authorize_member(&peer.id)?;
+        let grant = self
+            .sessions
+            .exchange(&self.envelope, &request.get_ref().wrapped_key, unix_now())
+            .map_err(envelope_status)?;
+        Ok(Response::new(KeyExchangeResponse {
+            key_id: grant.key_id,
+            expires_at_unix_ms: i64::try_from(grant.expires_at.saturating_mul(1000))
+                .unwrap_or(i64::MAX),
+            max_uses: grant.max_uses,
+        }))
+    }
+
+    async fn submit(
+        &self,
+        request: Request<SealedRequest>,
+    ) -> Result<Response<SealedResponse>, Status> {
+        let peer = Peer::from_request(&request)?;
+        let header = key_header(&request);
+        let answer = self
+            .one(
+                &peer,
+                METHOD_SUBMIT,
+                header.as_deref(),
+                request.into_inner(),
+            )
+            .await?;
+        Ok(Response::new(answer))
+    }
+
+    /// All or error: the first failure is the call's status. Trades decided before it
+    /// are on the ledger; resubmitting the batch returns them as replays.
+    async fn submit_batch(
+        &self,
+        request: Request<SealedBatchRequest>,
+    ) -> Result<Response<SealedBatchResponse>, Status> {
+        let peer = Peer::from_request(&request)?;
+        let header = key_header(&request);
+        let requests = request.into_inner().requests;
+        if requests.len() > MAX_BATCH_REQUESTS {
+            return Err(Status::invalid_argument(format!(
+                "a batch holds at most {MAX_BATCH_REQUESTS} requests, got {}",
+                requests.len()
+            )));
+        }
+        let answers = futures::future::join_all(
+            requests
+                .into_iter()
+                .map(|r| self.one(&peer, METHOD_SUBMIT_BATCH, header.as_deref(), r)),
+        )
+        .await;
+        let responses = answers.into_iter().collect::<Result<Vec<_>, _>>()?;
+        Ok(Response::new(SealedBatchResponse { responses }))
+    }
+
+    type SubmitStreamStream = AnswerStream;
+
+    /// Answers in completion order; a failed request ends the stream with its status.
+    async fn submit_stream(
+        &self,
+        request: Request<Streaming<SealedRequest>>,
+    ) -> Result<Response<Self::SubmitStreamStream>, Status> {
+        let peer = Peer::from_request(&request)?;
+        let header = key_header(&request);
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(256);
+        let server = self.clone();
+        tokio::spawn(async move {
+            let mut tasks = tokio::task::JoinSet::new();
+            loop {
+                tokio::select! {
+                    message = inbound.message() => match message {
+                        Ok(Some(sealed)) => {
+                            let (server, peer, header, tx) =
+                                (server.clone(), peer.clone(), header.clone(), tx.clone());
+                            tasks.spawn(async move {
+                                let answer = server
+                                    .one(&peer, METHOD_SUBMIT_STREAM, header.as_deref(), sealed)
+                                    .await;
+                                let _ = tx.send(answer).await;
+                            });
+                        }
+                        Ok(None) => break,
+                        Err(status) => {
+                            let _ = tx.send(Err(status)).await;
+                            break;
+                        }
+                    },
+                    Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+                }
+            }
+            while tasks.join_next().await.is_some() {}
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}

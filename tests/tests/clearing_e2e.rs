@@ -1,0 +1,344 @@
+//! End-to-end clearing: a real `aether serve` with its development PKI, a member client over
+//! mTLS with SM2/SM4 envelopes, the reference model scoring in process, and every decision
+//! on the ledger before the member hears it. Negatives: wrong certificates, broken
+//! envelopes and replays are refused and record nothing.
+
+use std::path::Path;
+
+use aether_e2e::{OPERATOR_TOKEN, REGULATOR_TOKEN, Server, http};
+use aether_gateway::certs::PkiLayout;
+use aether_gateway::client::{ClearingClient, ClientError};
+use aether_gateway::envelope::{
+    Aad, Direction, KEY_HEADER, Sm4Key, encode_wrapped_key, seal, unix_now, wrap_key,
+};
+use aether_gateway::identity::Role;
+use aether_gateway::pb::v1::clearing_service_client::ClearingServiceClient;
+use aether_gateway::pb::v1::{ClearingRequest, Decision, SealedRequest, Trade};
+use aether_gateway::service::METHOD_SUBMIT;
+use aether_gateway::tls::{TlsPaths, client_tls_config};
+use aether_gpu_worker::reference::{REFERENCE_MODEL_DIGEST, REFERENCE_MODEL_REF};
+use prost::Message;
+use serde_json::{Value, json};
+use sm2::pkcs8::DecodePublicKey;
+
+fn trade(amount_minor: i64) -> ClearingRequest {
+    ClearingRequest {
+        trade: Some(Trade {
+            buyer: "bank-a".into(),
+            seller: "bank-b".into(),
+            instrument: "SG0000000001".into(),
+            currency: "SGD".into(),
+            amount_minor,
+            value_date: "2026-12-02".into(),
+            jurisdiction: "SG".into(),
+            counterparty_tier: 2,
+        }),
+        ..ClearingRequest::default()
+    }
+}
+
+async fn get(server: &Server, path: &str) -> Value {
+    http()
+        .get(server.url(path))
+        .bearer_auth(REGULATOR_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+async fn post(server: &Server, path: &str, body: Value) -> (u16, Value) {
+    let resp = http()
+        .post(server.url(path))
+        .bearer_auth(OPERATOR_TOKEN)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    (
+        resp.status().as_u16(),
+        resp.json().await.unwrap_or(Value::Null),
+    )
+}
+
+/// Registers the reference model, ingests aml_v2 and the example corpus, activates the
+/// engine and waits until it is active.
+async fn activate(server: &Server) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let weights = root.join("gpu-worker/model/reference/model.safetensors");
+    let (status, body) = post(
+        server,
+        "/v1/models",
+        json!({"ref": REFERENCE_MODEL_REF, "uri": weights.canonicalize().unwrap().to_str().unwrap(),
+               "digest": REFERENCE_MODEL_DIGEST, "feature_schema": {"schema": "aether.features.v1"}}),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let policy = std::fs::read_to_string(root.join("services/rules/policies/aml_v2.yaml")).unwrap();
+    let resp = http()
+        .post(server.url("/v1/policy/ingest"))
+        .bearer_auth(OPERATOR_TOKEN)
+        .header("content-type", "application/yaml")
+        .body(policy)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    let doc =
+        std::fs::read_to_string(root.join("services/rag/corpus/threshold-reporting.md")).unwrap();
+    let (status, body) = post(
+        server,
+        "/v1/corpus/ingest",
+        json!({"name": "sg-clearing", "documents": [{"id": "threshold-reporting", "text": doc}]}),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = post(
+        server,
+        "/v1/engine/activate",
+        json!({"model_ref": REFERENCE_MODEL_REF, "traffic_weight": 1.0, "policy_hooks": ["aml_v2"]}),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    for _ in 0..200 {
+        let engines = get(server, "/v1/engines").await;
+        if engines["engines"][0]["status"] == "active" {
+            return;
+        }
+        assert_ne!(engines["engines"][0]["status"], "failed", "{engines}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("the engine did not become active");
+}
+
+async fn client(server: &Server, data: &Path, member: &str) -> ClearingClient {
+    let layout = PkiLayout::new(data);
+    ClearingClient::connect(
+        &server.grpc_url,
+        &TlsPaths::client(&layout, Role::Member, member),
+        &data.join("keys/envelope.pub.pem"),
+        member,
+    )
+    .await
+    .unwrap()
+}
+
+async fn raw(
+    server: &Server,
+    data: &Path,
+    role: Role,
+    id: &str,
+) -> ClearingServiceClient<tonic::transport::Channel> {
+    let tls = client_tls_config(&TlsPaths::client(&PkiLayout::new(data), role, id)).unwrap();
+    let channel = tonic::transport::Endpoint::from_shared(server.grpc_url.clone())
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    ClearingServiceClient::new(channel)
+}
+
+/// A per-request sealed submission, built by hand so the test can break it.
+fn sealed(
+    data: &Path,
+    member: &str,
+    request_id: &str,
+    body: &ClearingRequest,
+) -> (SealedRequest, String, Sm4Key) {
+    let pem = std::fs::read_to_string(data.join("keys/envelope.pub.pem")).unwrap();
+    let server_key = sm2::PublicKey::from_public_key_pem(&pem).unwrap();
+    let key = Sm4Key::generate().unwrap();
+    let header = encode_wrapped_key(&wrap_key(&server_key, &key).unwrap());
+    let issued_at = unix_now();
+    let aad = Aad {
+        direction: Direction::Request,
+        method: METHOD_SUBMIT,
+        request_id,
+        member_id: member,
+        key_id: "",
+        issued_at,
+    };
+    let s = seal(&key, &aad, &body.encode_to_vec()).unwrap();
+    (
+        SealedRequest {
+            member_id: member.into(),
+            request_id: request_id.into(),
+            key_id: String::new(),
+            nonce: s.nonce.to_vec(),
+            ciphertext: s.ciphertext,
+            issued_at,
+        },
+        header,
+        key,
+    )
+}
+
+fn with_header(sealed: SealedRequest, header: &str) -> tonic::Request<SealedRequest> {
+    let mut r = tonic::Request::new(sealed);
+    r.metadata_mut().insert(KEY_HEADER, header.parse().unwrap());
+    r
+}
+
+async fn decisions(server: &Server) -> Vec<Value> {
+    let page = get(
+        server,
+        "/v1/audit/events?event_type=ClearingDecided&limit=1000",
+    )
+    .await;
+    page["events"].as_array().unwrap().clone()
+}
+
+/// Clearing events recorded so far: decisions and batch nettings.
+async fn head(server: &Server) -> usize {
+    let nettings = get(
+        server,
+        "/v1/audit/events?event_type=NettingComputed&limit=1000",
+    )
+    .await;
+    decisions(server).await.len() + nettings["events"].as_array().unwrap().len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trades_are_cleared_over_mtls_with_envelopes_and_every_decision_is_on_the_ledger() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &[]);
+
+    // Before any engine is active the gateway refuses precisely.
+    let mut bank_a = client(&server, &data, "bank-a").await;
+    match bank_a.submit("req-early", &trade(10_000)).await {
+        Err(ClientError::Status { code, message }) => {
+            assert_eq!(code, tonic::Code::FailedPrecondition, "{message}");
+        }
+        other => panic!("expected FAILED_PRECONDITION, got {other:?}"),
+    }
+
+    activate(&server).await;
+
+    // A small ordinary trade with a per-request key: cleared, with a receipt that points
+    // at the committed event.
+    let answer = bank_a.submit("req-1", &trade(125_000)).await.unwrap();
+    assert_eq!(answer.decision, Decision::Cleared as i32, "{answer:?}");
+    assert!(!answer.replayed);
+    assert_eq!(answer.model_ref, REFERENCE_MODEL_REF);
+    let receipt = answer.receipt.clone().unwrap();
+    let event = get(&server, &format!("/v1/audit/events/{}", receipt.seq)).await;
+    assert_eq!(
+        event["event"]["hash"],
+        receipt.event_hash.as_str(),
+        "{event}"
+    );
+    assert_eq!(event["event"]["event_type"], "ClearingDecided");
+    assert_eq!(event["event"]["stream_id"], "clearing/bank-a");
+    let payload = &event["event"]["payload"];
+    assert_eq!(payload["model_digest"], REFERENCE_MODEL_DIGEST);
+    assert_eq!(payload["snapshot_id"], receipt.snapshot_id.as_str());
+    assert_eq!(payload["decision"], "cleared");
+    assert_eq!(event["event"]["metadata"]["request_id"], "req-1");
+    assert_eq!(event["event"]["metadata"]["member"], "bank-a");
+    // Its batch was netted and recorded before the answer.
+    let netting = get(
+        &server,
+        &format!(
+            "/v1/audit/events/{}",
+            payload["netting_seq"].as_u64().unwrap()
+        ),
+    )
+    .await;
+    assert_eq!(
+        netting["event"]["event_type"], "NettingComputed",
+        "{netting}"
+    );
+
+    // Over the reporting threshold, with a session key: held for review, the rule fired
+    // and the clause it cites named from the corpus.
+    bank_a.key_exchange().await.unwrap();
+    let held = bank_a.submit("req-2", &trade(25_000_000)).await.unwrap();
+    assert_eq!(held.decision, Decision::HeldForReview as i32, "{held:?}");
+    assert_eq!(held.rules_fired, ["aml_v2/reporting-threshold"]);
+    assert_eq!(held.cited_clauses, ["sg-clearing:rep-threshold-1"]);
+
+    // Idempotency: the same request id returns the original decision, writes nothing.
+    let before = decisions(&server).await.len();
+    let again = bank_a.submit("req-1", &trade(125_000)).await.unwrap();
+    assert!(again.replayed);
+    assert_eq!(again.receipt.unwrap().seq, receipt.seq);
+    assert_eq!(decisions(&server).await.len(), before);
+
+    // mTLS: a worker certificate may not clear; a member may not speak for another.
+    let mut worker = raw(&server, &data, Role::Worker, "worker-1").await;
+    let (req, header, _) = sealed(&data, "bank-a", "req-w", &trade(1_000));
+    let status = worker.submit(with_header(req, &header)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+    let mut raw_a = raw(&server, &data, Role::Member, "bank-a").await;
+    let (req, header, _) = sealed(&data, "bank-b", "req-x", &trade(1_000));
+    let status = raw_a.submit(with_header(req, &header)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+
+    // Envelope negatives: each UNAUTHENTICATED with a message, none recorded.
+    let head_before = head(&server).await;
+    let (mut req, header, _) = sealed(&data, "bank-a", "req-flip", &trade(1_000));
+    req.ciphertext[3] ^= 0x01;
+    let status = raw_a.submit(with_header(req, &header)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+    let (req, _, _) = sealed(&data, "bank-a", "req-wrongkey", &trade(1_000));
+    let (_, other_header, _) = sealed(&data, "bank-a", "req-wrongkey", &trade(1_000));
+    let status = raw_a
+        .submit(with_header(req, &other_header))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+    let (mut req, header, _) = sealed(&data, "bank-a", "req-truncated", &trade(1_000));
+    req.ciphertext.truncate(8);
+    let status = raw_a.submit(with_header(req, &header)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+    let (req, _, _) = sealed(&data, "bank-a", "req-nokey", &trade(1_000));
+    let status = raw_a.submit(tonic::Request::new(req)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+    assert!(status.message().contains("x-sm4-key"), "{status:?}");
+    assert_eq!(
+        head(&server).await,
+        head_before,
+        "a refused envelope wrote an event"
+    );
+
+    // A replayed (key, nonce): the first is decided, the copy refused.
+    let (req, header, _) = sealed(&data, "bank-a", "req-replay", &trade(2_000));
+    raw_a
+        .submit(with_header(req.clone(), &header))
+        .await
+        .unwrap();
+    let status = raw_a.submit(with_header(req, &header)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+    assert!(status.message().contains("replay"), "{status:?}");
+
+    // A bad trade inside a good envelope: INVALID_ARGUMENT naming the field.
+    let mut bad = trade(1_000);
+    bad.trade.as_mut().unwrap().value_date = "tomorrow".into();
+    match bank_a.submit("req-bad", &bad).await {
+        Err(ClientError::Status { code, message }) => {
+            assert_eq!(code, tonic::Code::InvalidArgument);
+            assert!(message.contains("value_date"), "{message}");
+        }
+        other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
+    }
+
+    // After a restart the decision is still found by request id (from the ledger).
+    assert!(server.terminate().success());
+    let server = Server::start(&data, &[]);
+    let mut bank_a = client(&server, &data, "bank-a").await;
+    let again = bank_a.submit("req-2", &trade(25_000_000)).await.unwrap();
+    assert!(again.replayed);
+    assert_eq!(again.decision, Decision::HeldForReview as i32);
+    let all = decisions(&server).await;
+    let ids: Vec<&str> = all
+        .iter()
+        .map(|e| e["metadata"]["request_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["req-1", "req-2", "req-replay"]);
+    assert!(server.terminate().success());
+}
