@@ -342,3 +342,97 @@ async fn trades_are_cleared_over_mtls_with_envelopes_and_every_decision_is_on_th
     assert_eq!(ids, ["req-1", "req-2", "req-replay"]);
     assert!(server.terminate().success());
 }
+
+/// A running `aether worker`, killed on drop.
+struct WorkerProcess(std::process::Child);
+
+impl WorkerProcess {
+    fn start(server: &Server, data: &Path, id: &str, delay_ms: u64) -> WorkerProcess {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(aether_e2e::aether_bin())
+            .args(["worker", "--connect", &server.grpc_url, "--id", id])
+            .arg("--data-dir")
+            .arg(data)
+            .args(["--delay-ms", &delay_ms.to_string()])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if line.starts_with("aether worker ") {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(30))
+            .expect("the worker did not connect within 30 s");
+        WorkerProcess(child)
+    }
+
+    fn kill(mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_on_a_worker_killed_mid_batch_goes_to_another_and_is_decided_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let out = aether_e2e::run_aether(
+        &[
+            "certs",
+            "init",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--worker",
+            "worker-2",
+        ],
+        &[],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let server = Server::start(&data, &[("AETHER_NO_LOCAL_WORKERS", "true")]);
+    activate(&server).await;
+    let mut bank_a = client(&server, &data, "bank-a").await;
+
+    // No worker connected and none in process: a precise refusal, nothing decided.
+    match bank_a.submit("req-none", &trade(50_000)).await {
+        Err(ClientError::Status { code, message }) => {
+            assert_eq!(code, tonic::Code::Unavailable, "{message}");
+            assert!(message.contains("no connected worker"), "{message}");
+        }
+        other => panic!("expected UNAVAILABLE, got {other:?}"),
+    }
+
+    // A slow worker takes the batch; a second connects; the first dies mid-batch.
+    let slow = WorkerProcess::start(&server, &data, "worker-1", 4_000);
+    let submitted = tokio::spawn(async move { bank_a.submit("req-1", &trade(50_000)).await });
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    let _fast = WorkerProcess::start(&server, &data, "worker-2", 0);
+    slow.kill();
+    let answer = submitted.await.unwrap().unwrap();
+    assert_eq!(answer.decision, Decision::Cleared as i32, "{answer:?}");
+
+    let all = decisions(&server).await;
+    assert_eq!(all.len(), 1, "exactly one decision: {all:?}");
+    assert_eq!(all[0]["metadata"]["request_id"], "req-1");
+    assert_eq!(all[0]["payload"]["worker"], "worker-2");
+    assert!(server.terminate().success());
+}

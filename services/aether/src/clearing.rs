@@ -14,10 +14,12 @@ use aether_gateway::envelope::{
 };
 use aether_gateway::identity::Role;
 use aether_gateway::pb::v1::clearing_service_server::ClearingServiceServer;
+use aether_gateway::pb::v1::worker_service_server::WorkerServiceServer;
 use aether_gateway::pb::v1::{ClearingRequest, Trade};
 use aether_gateway::risk_book::RiskSettings;
 use aether_gateway::service::ClearingServer;
 use aether_gateway::tls::{ServerTls, TlsPaths};
+use aether_gateway::workers::{WorkerPool, WorkerServer};
 use aether_ledger::EventStore;
 use anyhow::Context;
 use clap::Args;
@@ -57,9 +59,12 @@ pub struct ClearingArgs {
     /// Trades waiting for a worker before new ones are refused (RESOURCE_EXHAUSTED).
     #[arg(long, env = "AETHER_QUEUE_CAPACITY", default_value_t = 10_000)]
     pub queue_capacity: usize,
-    /// In-process CPU workers (0: one per core).
+    /// Batches scored at once, in process or on remote workers (0: one per core).
     #[arg(long, env = "AETHER_WORKERS", default_value_t = 0)]
     pub workers: usize,
+    /// Score only on remote workers (`aether worker`), never in this process.
+    #[arg(long, env = "AETHER_NO_LOCAL_WORKERS")]
+    pub no_local_workers: bool,
     /// Anomaly score at or above which a trade is held for review.
     #[arg(long, env = "AETHER_HOLD_SCORE", default_value_t = 0.8)]
     pub hold_score: f64,
@@ -131,7 +136,9 @@ pub async fn start(
     if args.workers > 0 {
         config.batcher.workers = args.workers;
     }
-    let gateway = ClearingGateway::new(store, control, config);
+    config.batcher.local_workers = !args.no_local_workers;
+    let pool = WorkerPool::default();
+    let gateway = ClearingGateway::new(store, control, config, pool.clone());
     let server = ClearingServer::new(
         gateway,
         Arc::new(envelope),
@@ -165,8 +172,11 @@ pub async fn start(
             .add_service(health)
             .add_service(reflection)
             .add_service(ClearingServiceServer::new(server))
+            .add_service(WorkerServiceServer::new(WorkerServer::new(pool.clone())))
             .serve_with_incoming_shutdown(incoming, async move {
                 let _ = stop.changed().await;
+                // Open work streams would hold the graceful shutdown forever.
+                pool.close_all();
             })
             .await;
         if let Err(e) = result {

@@ -8,6 +8,7 @@ mod control_http;
 mod corpus_http;
 mod http;
 mod serve;
+mod worker;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -43,6 +44,8 @@ enum Command {
     /// Lineage checks.
     #[command(subcommand)]
     Lineage(LineageCommand),
+    /// Run a clearing worker that connects to the gateway and scores batches.
+    Worker(worker::WorkerArgs),
     /// Development certificates for mTLS.
     #[command(subcommand)]
     Certs(CertsCommand),
@@ -199,6 +202,7 @@ fn main() -> ExitCode {
             }) => {
                 clearing::certs_init(&data_dir, members, workers, force).map(|_| ExitCode::SUCCESS)
             }
+            Command::Worker(args) => worker::run(args).await.map(|_| ExitCode::SUCCESS),
             Command::Client(ClientCommand::Submit(args)) => {
                 clearing::submit(args).await.map(|_| ExitCode::SUCCESS)
             }

@@ -185,7 +185,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
 
     let _ = grpc_stop_tx.send(true);
     if let Some(task) = grpc {
-        let _ = task.await;
+        // Members' streams get a few seconds to finish; then they are cut.
+        let abort = task.abort_handle();
+        if tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .is_err()
+        {
+            abort.abort();
+        }
     }
     tracing::info!("shutting down: signing a last checkpoint and draining the ledger writer");
     let _ = stop_tx.send(true);
@@ -210,7 +217,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };

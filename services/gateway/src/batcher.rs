@@ -11,11 +11,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use aether_gpu_worker::{ClearingModel, Score, Trade, TradeContext};
+use aether_gpu_worker::{ClearingModel, Netting, Score, Trade, TradeContext, net};
 use aether_ledger::{EventStore, ExpectedVersion, NewEvent};
 use serde_json::json;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use uuid::Uuid;
+
+use crate::pb::v1::{self as pb, WorkAssignment, WorkItem};
+use crate::workers::{DispatchError, WorkerPool};
 
 /// Stream of per-batch netting results.
 pub const NETTING_STREAM: &str = "netting";
@@ -28,8 +31,14 @@ pub struct BatcherConfig {
     pub max_batch: usize,
     pub max_delay: Duration,
     pub queue_capacity: usize,
-    /// In-process workers: batches scored at the same time.
+    /// Batches scored at the same time (in process or on remote workers).
     pub workers: usize,
+    /// Score in process when no remote worker holds the model.
+    pub local_workers: bool,
+    /// How long a remote worker has to answer a batch before it is sent elsewhere.
+    pub worker_timeout: Duration,
+    /// Remote attempts per batch before giving up (or falling back to in process).
+    pub worker_attempts: usize,
 }
 
 impl Default for BatcherConfig {
@@ -40,6 +49,9 @@ impl Default for BatcherConfig {
             max_delay: Duration::from_millis(2),
             queue_capacity: 10_000,
             workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            local_workers: true,
+            worker_timeout: Duration::from_secs(10),
+            worker_attempts: 3,
         }
     }
 }
@@ -82,10 +94,10 @@ pub struct Batcher {
 
 impl Batcher {
     /// Starts the collector task; it stops when every handle is dropped.
-    pub fn start(config: BatcherConfig, store: EventStore) -> Batcher {
+    pub fn start(config: BatcherConfig, store: EventStore, pool: WorkerPool) -> Batcher {
         let capacity = config.queue_capacity.max(1);
         let (tx, rx) = mpsc::channel(capacity);
-        tokio::spawn(collect(config, store, rx));
+        tokio::spawn(collect(config, store, pool, rx));
         Batcher { tx, capacity }
     }
 
@@ -102,7 +114,12 @@ impl Batcher {
     }
 }
 
-async fn collect(config: BatcherConfig, store: EventStore, mut rx: mpsc::Receiver<Job>) {
+async fn collect(
+    config: BatcherConfig,
+    store: EventStore,
+    pool: WorkerPool,
+    mut rx: mpsc::Receiver<Job>,
+) {
     let workers = Arc::new(Semaphore::new(config.workers.max(1)));
     let max_batch = config.max_batch.max(1);
     while let Some(first) = rx.recv().await {
@@ -130,29 +147,164 @@ async fn collect(config: BatcherConfig, store: EventStore, mut rx: mpsc::Receive
                 .or_default()
                 .push(job);
         }
-        let store = store.clone();
+        let (store, pool, config) = (store.clone(), pool.clone(), config.clone());
         tokio::spawn(async move {
             for (_, jobs) in by_model {
-                run_batch(&store, jobs).await;
+                run_batch(&store, &pool, &config, jobs).await;
             }
             drop(permit);
         });
     }
 }
 
+/// What scoring a batch gave, wherever it ran.
+struct Executed {
+    scores: Vec<Score>,
+    netting: Netting,
+    device: String,
+    worker: String,
+    elapsed: Duration,
+    model_ref: String,
+    model_digest: String,
+}
+
+/// Scores and nets a batch: on a remote worker holding the model when one is connected
+/// (another one after a loss), else in process when allowed.
+async fn execute(
+    pool: &WorkerPool,
+    config: &BatcherConfig,
+    model: Arc<ClearingModel>,
+    inputs: Vec<(Trade, TradeContext)>,
+) -> Result<Executed, String> {
+    let digest = model.model().digest().to_owned();
+    let model_ref = model.model().model_ref().to_owned();
+    let mut last_error = None;
+    for _ in 0..config.worker_attempts.max(1) {
+        if !pool.serves(&digest) {
+            break;
+        }
+        let assignment = WorkAssignment {
+            batch_id: Uuid::now_v7().to_string(),
+            model_ref: model_ref.clone(),
+            model_digest: digest.clone(),
+            items: inputs.iter().map(|(t, c)| work_item(t, c)).collect(),
+        };
+        match pool.dispatch(assignment, config.worker_timeout).await {
+            Ok((worker, result)) => match check_remote(&inputs, &result) {
+                Ok((scores, netting)) => {
+                    return Ok(Executed {
+                        scores,
+                        netting,
+                        device: result.device,
+                        worker,
+                        elapsed: Duration::from_micros(result.elapsed_us),
+                        model_ref,
+                        model_digest: digest,
+                    });
+                }
+                Err(reason) => {
+                    tracing::error!(%worker, %reason, "a worker's result was refused");
+                    last_error = Some(format!("worker {worker}: {reason}"));
+                }
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "batch dispatch failed; trying again");
+                metrics::counter!("aether_clearing_batch_redispatch_total").increment(1);
+                last_error = Some(e.to_string());
+            }
+        }
+    }
+    if !config.local_workers {
+        return Err(
+            last_error.unwrap_or_else(|| DispatchError::NoWorker(digest.clone()).to_string())
+        );
+    }
+    let result = tokio::task::spawn_blocking(move || model.score_and_net(&inputs))
+        .await
+        .map_err(|e| format!("the worker stopped: {e}"))?
+        .map_err(|e| e.to_string())?;
+    Ok(Executed {
+        scores: result.scores,
+        netting: result.netting,
+        device: result.device,
+        worker: "in-process".to_owned(),
+        elapsed: result.elapsed,
+        model_ref: result.model_ref,
+        model_digest: result.model_digest,
+    })
+}
+
+fn work_item(trade: &Trade, context: &TradeContext) -> WorkItem {
+    WorkItem {
+        request_id: trade.request_id.clone(),
+        member_id: trade.member_id.clone(),
+        trade: Some(pb::Trade {
+            buyer: trade.buyer.clone(),
+            seller: trade.seller.clone(),
+            instrument: trade.instrument.clone(),
+            currency: trade.currency.clone(),
+            amount_minor: trade.amount_minor,
+            value_date: trade.value_date.to_string(),
+            jurisdiction: trade.jurisdiction.clone(),
+            counterparty_tier: u32::from(trade.counterparty_tier),
+        }),
+        hour_utc: u32::from(context.hour_utc),
+        velocity: context.velocity,
+    }
+}
+
+/// A remote result is used only if it scores every trade, in order, with finite values,
+/// and its netting equals the gateway's own.
+fn check_remote(
+    inputs: &[(Trade, TradeContext)],
+    result: &pb::BatchResult,
+) -> Result<(Vec<Score>, Netting), String> {
+    if result.scores.len() != inputs.len() {
+        return Err(format!(
+            "{} scores for {} trades",
+            result.scores.len(),
+            inputs.len()
+        ));
+    }
+    let mut scores = Vec::with_capacity(inputs.len());
+    for ((trade, _), s) in inputs.iter().zip(&result.scores) {
+        if s.request_id != trade.request_id
+            || !(0.0..=1.0).contains(&s.score)
+            || !(0.0..=1.0).contains(&s.confidence)
+        {
+            return Err(format!("bad score for request {}", trade.request_id));
+        }
+        scores.push(Score {
+            score: s.score as f32,
+            confidence: s.confidence as f32,
+        });
+    }
+    let netting = net(inputs.iter().map(|(t, _)| t)).map_err(|e| e.to_string())?;
+    let theirs: Vec<(String, String, String)> = result
+        .netting
+        .iter()
+        .map(|p| (p.party.clone(), p.currency.clone(), p.net_minor.clone()))
+        .collect();
+    let ours: Vec<(String, String, String)> = netting
+        .positions
+        .iter()
+        .map(|p| (p.party.clone(), p.currency.clone(), p.net_minor.to_string()))
+        .collect();
+    if theirs != ours {
+        return Err("its netting differs from the gateway's".into());
+    }
+    Ok((scores, netting))
+}
+
 /// Scores and nets one single-model batch, records its netting, answers every job.
-async fn run_batch(store: &EventStore, jobs: Vec<Job>) {
+async fn run_batch(store: &EventStore, pool: &WorkerPool, config: &BatcherConfig, jobs: Vec<Job>) {
     let Some(model) = jobs.first().map(|j| j.model.clone()) else {
         return;
     };
     let batch_id = Uuid::now_v7();
     let inputs: Vec<(Trade, TradeContext)> =
         jobs.iter().map(|j| (j.trade.clone(), j.context)).collect();
-    let outcome = tokio::task::spawn_blocking(move || model.score_and_net(&inputs))
-        .await
-        .map_err(|e| format!("the worker stopped: {e}"))
-        .and_then(|r| r.map_err(|e| e.to_string()));
-    let result = match outcome {
+    let result = match execute(pool, config, model, inputs).await {
         Ok(result) => result,
         Err(reason) => {
             metrics::counter!("aether_clearing_batch_failures_total").increment(1);
@@ -218,7 +370,7 @@ async fn run_batch(store: &EventStore, jobs: Vec<Job>) {
             batch_id,
             batch_size: size,
             device: result.device.clone(),
-            worker: "in-process".to_owned(),
+            worker: result.worker.clone(),
             worker_elapsed: result.elapsed,
             netting_seq,
         }));

@@ -24,6 +24,7 @@ use tokio::sync::{OnceCell, oneshot};
 
 use crate::batcher::{Batcher, BatcherConfig, Job};
 use crate::risk_book::{RiskBook, RiskSettings};
+use crate::workers::WorkerPool;
 
 /// Event type of a decision.
 pub const CLEARING_DECIDED: &str = "ClearingDecided";
@@ -190,8 +191,13 @@ struct Route {
 }
 
 impl ClearingGateway {
-    pub fn new(store: EventStore, control: ControlState, config: GatewayConfig) -> Self {
-        let batcher = Batcher::start(config.batcher.clone(), store.clone());
+    pub fn new(
+        store: EventStore,
+        control: ControlState,
+        config: GatewayConfig,
+        workers: WorkerPool,
+    ) -> Self {
+        let batcher = Batcher::start(config.batcher.clone(), store.clone(), workers);
         ClearingGateway {
             inner: Arc::new(Inner {
                 risk: RiskBook::new(config.risk.clone()),

@@ -14,3 +14,4 @@ pub mod pb;
 pub mod risk_book;
 pub mod service;
 pub mod tls;
+pub mod workers;

@@ -1,0 +1,275 @@
+//! `aether worker`: a clearing worker process. Connects to the gateway over mTLS with a
+//! worker certificate, registers the models it holds, scores and nets the batches it is
+//! sent, and drains on SIGTERM. It has no database access.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aether_gateway::certs::PkiLayout;
+use aether_gateway::identity::Role;
+use aether_gateway::pb::v1::worker_message::Body;
+use aether_gateway::pb::v1::worker_service_client::WorkerServiceClient;
+use aether_gateway::pb::v1::{
+    BatchFailed, BatchResult, DrainRequest, HeartbeatRequest, ItemScore, NetPosition,
+    RegisterRequest, WorkAssignment, WorkerHello, WorkerMessage,
+};
+use aether_gateway::tls::{TlsPaths, client_tls_config};
+use aether_gpu_worker::{ClearingModel, DeviceChoice, Trade, TradeContext};
+use anyhow::Context;
+use clap::Args;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+#[derive(Args, Debug)]
+pub struct WorkerArgs {
+    /// The gateway's gRPC address.
+    #[arg(long, default_value = "https://127.0.0.1:50051")]
+    pub connect: String,
+    /// Worker id; its certificate `<data>/certs/worker-<id>.pem` is used unless
+    /// `--tls-*` name others.
+    #[arg(long, default_value = "worker-1")]
+    pub id: String,
+    #[arg(long, env = "AETHER_DATA_DIR", default_value = "./aether-data")]
+    pub data_dir: PathBuf,
+    #[arg(long, requires_all = ["tls_cert", "tls_key"])]
+    pub tls_ca: Option<PathBuf>,
+    #[arg(long)]
+    pub tls_cert: Option<PathBuf>,
+    #[arg(long)]
+    pub tls_key: Option<PathBuf>,
+    /// A model artifact (safetensors) this worker serves; repeatable. Default: the
+    /// reference model, written to `<data>/models/reference/`.
+    #[arg(long = "model")]
+    pub models: Vec<PathBuf>,
+    /// `cpu`, `cuda`, `cuda:N` or `auto`.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Most trades per batch this worker accepts.
+    #[arg(long, default_value_t = 500)]
+    pub max_batch: u32,
+    /// Testing aid: wait this long before answering each batch.
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub delay_ms: u64,
+}
+
+pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
+    crate::init_logging();
+    let device: DeviceChoice = args
+        .device
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--device {}: {e}", args.device))?;
+    let paths = if args.models.is_empty() {
+        let dir = args.data_dir.join("models").join("reference");
+        let saved = aether_gpu_worker::reference::install(&dir)
+            .with_context(|| format!("cannot write the reference model into {}", dir.display()))?;
+        vec![saved.weights_path]
+    } else {
+        args.models.clone()
+    };
+    let mut models = Vec::new();
+    for path in &paths {
+        let bytes =
+            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let digest = hex::encode(aether_ledger::hashing::sm3(&bytes));
+        let model = ClearingModel::load(path, &digest, device)
+            .with_context(|| format!("cannot load {}", path.display()))?;
+        tracing::info!(model = %path.display(), %digest, device = %model.device_name(), "model loaded");
+        models.push(Arc::new(model));
+    }
+    let device_name = models
+        .first()
+        .map(|m| m.device_name())
+        .unwrap_or_else(|| "cpu".into());
+
+    let tls = match (&args.tls_ca, &args.tls_cert, &args.tls_key) {
+        (Some(ca), Some(cert), Some(key)) => TlsPaths {
+            ca: ca.clone(),
+            cert: cert.clone(),
+            key: key.clone(),
+        },
+        _ => TlsPaths::client(&PkiLayout::new(&args.data_dir), Role::Worker, &args.id),
+    };
+    let channel = tonic::transport::Endpoint::from_shared(args.connect.clone())
+        .context("bad --connect address")?
+        .tls_config(client_tls_config(&tls)?)?
+        .connect()
+        .await
+        .with_context(|| format!("cannot reach the gateway at {}", args.connect))?;
+    let mut client = WorkerServiceClient::new(channel);
+    let session_id = client
+        .register(RegisterRequest {
+            worker_id: args.id.clone(),
+            device: device_name.clone(),
+            model_digests: models
+                .iter()
+                .map(|m| m.model().digest().to_owned())
+                .collect(),
+            max_batch: args.max_batch,
+        })
+        .await
+        .context("registration refused")?
+        .into_inner()
+        .session_id;
+
+    let (tx, rx) = mpsc::channel(16);
+    tx.send(WorkerMessage {
+        body: Some(Body::Hello(WorkerHello {
+            session_id: session_id.clone(),
+        })),
+    })
+    .await?;
+    let mut assignments = client
+        .work(ReceiverStream::new(rx))
+        .await
+        .context("the work stream was refused")?
+        .into_inner();
+    // A line scripts and tests can wait for.
+    println!("aether worker {} connected ({device_name})", args.id);
+    tracing::info!(worker = %args.id, %session_id, "connected to the gateway");
+
+    let heartbeat = {
+        let mut client = client.clone();
+        let session_id = session_id.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                if client
+                    .heartbeat(HeartbeatRequest {
+                        session_id: session_id.clone(),
+                        in_flight: 0,
+                    })
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        })
+    };
+    let delay = Duration::from_millis(args.delay_ms);
+    loop {
+        tokio::select! {
+            next = assignments.message() => match next {
+                Ok(Some(assignment)) => {
+                    let tx = tx.clone();
+                    let models = models.clone();
+                    tokio::spawn(async move {
+                        if !delay.is_zero() {
+                            tokio::time::sleep(delay).await;
+                        }
+                        let _ = tx.send(score(&models, assignment).await).await;
+                    });
+                }
+                Ok(None) => {
+                    tracing::warn!("the gateway closed the work stream");
+                    break;
+                }
+                Err(status) => {
+                    heartbeat.abort();
+                    anyhow::bail!("the work stream failed: {status}");
+                }
+            },
+            _ = crate::serve::shutdown_signal() => {
+                let left = client.drain(DrainRequest { session_id: session_id.clone() }).await?;
+                tracing::info!(remaining = left.into_inner().remaining, "draining");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                break;
+            }
+        }
+    }
+    heartbeat.abort();
+    Ok(())
+}
+
+/// Scores and nets one assignment with the model it names.
+async fn score(models: &[Arc<ClearingModel>], assignment: WorkAssignment) -> WorkerMessage {
+    let batch_id = assignment.batch_id.clone();
+    let failed = |reason: String| WorkerMessage {
+        body: Some(Body::Failed(BatchFailed {
+            batch_id: batch_id.clone(),
+            reason,
+        })),
+    };
+    let Some(model) = models
+        .iter()
+        .find(|m| m.model().digest() == assignment.model_digest)
+        .cloned()
+    else {
+        return failed(format!(
+            "this worker does not hold model {}",
+            assignment.model_digest
+        ));
+    };
+    let mut batch = Vec::with_capacity(assignment.items.len());
+    for item in &assignment.items {
+        match to_trade(item) {
+            Ok(t) => batch.push(t),
+            Err(reason) => return failed(reason),
+        }
+    }
+    let outcome = tokio::task::spawn_blocking(move || model.score_and_net(&batch)).await;
+    match outcome {
+        Ok(Ok(result)) => WorkerMessage {
+            body: Some(Body::Result(BatchResult {
+                batch_id: assignment.batch_id,
+                scores: assignment
+                    .items
+                    .iter()
+                    .zip(&result.scores)
+                    .map(|(item, s)| ItemScore {
+                        request_id: item.request_id.clone(),
+                        score: f64::from(s.score),
+                        confidence: f64::from(s.confidence),
+                    })
+                    .collect(),
+                netting: result
+                    .netting
+                    .positions
+                    .iter()
+                    .map(|p| NetPosition {
+                        party: p.party.clone(),
+                        currency: p.currency.clone(),
+                        net_minor: p.net_minor.to_string(),
+                    })
+                    .collect(),
+                device: result.device,
+                model_digest: result.model_digest,
+                elapsed_us: u64::try_from(result.elapsed.as_micros()).unwrap_or(u64::MAX),
+            })),
+        },
+        Ok(Err(e)) => failed(e.to_string()),
+        Err(e) => failed(format!("scoring stopped: {e}")),
+    }
+}
+
+fn to_trade(item: &aether_gateway::pb::v1::WorkItem) -> Result<(Trade, TradeContext), String> {
+    let t = item
+        .trade
+        .as_ref()
+        .ok_or_else(|| format!("item {} has no trade", item.request_id))?;
+    let value_date =
+        chrono::NaiveDate::parse_from_str(&t.value_date, "%Y-%m-%d").map_err(|_| {
+            format!(
+                "item {}: bad value_date {:?}",
+                item.request_id, t.value_date
+            )
+        })?;
+    let trade = Trade {
+        request_id: item.request_id.clone(),
+        member_id: item.member_id.clone(),
+        buyer: t.buyer.clone(),
+        seller: t.seller.clone(),
+        instrument: t.instrument.clone(),
+        currency: t.currency.clone(),
+        amount_minor: t.amount_minor,
+        value_date,
+        jurisdiction: t.jurisdiction.clone(),
+        counterparty_tier: u8::try_from(t.counterparty_tier).unwrap_or(u8::MAX),
+    };
+    let context = TradeContext {
+        hour_utc: u8::try_from(item.hour_utc).unwrap_or(u8::MAX),
+        velocity: item.velocity,
+    };
+    Ok((trade, context))
+}
