@@ -65,7 +65,7 @@ const COLUMNS: [(&str, PrimitiveType); 12] = [
 pub enum DeltaError {
     #[error("invalid Delta table location {location:?}: {reason}")]
     InvalidLocation { location: String, reason: String },
-    #[error("table at {location} is not an Aether events table: {reason}")]
+    #[error("table at {location} is not the Aether table expected there: {reason}")]
     NotAnEventsTable { location: String, reason: String },
     #[error("events are not contiguous: expected seq {expected}, found seq {found}")]
     Gap { expected: u64, found: u64 },
@@ -111,45 +111,14 @@ impl DeltaSink {
     /// Opens the `events` table at `location` (a local directory, created if absent, or a
     /// URL), creating the table if there is none there yet.
     pub async fn open_or_create(location: impl AsRef<Path>) -> Result<Self, DeltaError> {
-        let path = location.as_ref();
-        let location = path.to_string_lossy().into_owned();
-        let text = path.to_str().ok_or_else(|| DeltaError::InvalidLocation {
-            location: location.clone(),
-            reason: "not valid UTF-8".into(),
-        })?;
-        let url = deltalake::ensure_table_uri(text).map_err(|e| DeltaError::InvalidLocation {
-            location: location.clone(),
-            reason: e.to_string(),
-        })?;
-        let mut table = DeltaTable::try_from_url(url).await?;
-        if table.version().is_none() {
-            let mut create = table
-                .create()
-                .with_table_name(TABLE_NAME)
-                .with_comment("Aether ledger events, one row per event (seq), hash-chained")
-                .with_partition_columns([PARTITION_COLUMN])
-                .with_configuration_property(
-                    TableProperty::CheckpointInterval,
-                    Some(CHECKPOINT_INTERVAL.to_string()),
-                );
-            for (name, ty) in COLUMNS {
-                create = create.with_column(name, DataType::Primitive(ty), false, None);
-            }
-            table = create.await?;
-        }
-        check_schema(&table, &location)?;
-
-        let last_seq = match table
-            .snapshot()?
-            .transaction_version(table.log_store().as_ref(), APP_ID)
-            .await?
-        {
-            None => 0,
-            Some(v) => u64::try_from(v).map_err(|_| DeltaError::NotAnEventsTable {
-                location: location.clone(),
-                reason: format!("negative application transaction version {v} for {APP_ID}"),
-            })?,
-        };
+        let (table, location) = open_table(
+            location.as_ref(),
+            TABLE_NAME,
+            "Aether ledger events, one row per event (seq), hash-chained",
+            &COLUMNS,
+        )
+        .await?;
+        let last_seq = transaction_version(&table, &location, APP_ID).await?;
         let mut sink = DeltaSink {
             table,
             location,
@@ -286,8 +255,71 @@ impl DeltaSink {
     }
 }
 
-/// Refuses a table whose columns or partitioning are not those of [`COLUMNS`].
-fn check_schema(table: &DeltaTable, location: &str) -> Result<(), DeltaError> {
+/// Opens the table at `location` (a local directory, created if absent, or a URL),
+/// creating it with `columns` (all non-nullable) partitioned by [`PARTITION_COLUMN`] and
+/// checkpoints every [`CHECKPOINT_INTERVAL`] versions if there is none yet; refuses a table
+/// with other columns or partitioning. Returns the table and its location as text.
+pub(crate) async fn open_table(
+    path: &Path,
+    name: &str,
+    comment: &str,
+    columns: &[(&str, PrimitiveType)],
+) -> Result<(DeltaTable, String), DeltaError> {
+    let location = path.to_string_lossy().into_owned();
+    let text = path.to_str().ok_or_else(|| DeltaError::InvalidLocation {
+        location: location.clone(),
+        reason: "not valid UTF-8".into(),
+    })?;
+    let url = deltalake::ensure_table_uri(text).map_err(|e| DeltaError::InvalidLocation {
+        location: location.clone(),
+        reason: e.to_string(),
+    })?;
+    let mut table = DeltaTable::try_from_url(url).await?;
+    if table.version().is_none() {
+        let mut create = table
+            .create()
+            .with_table_name(name)
+            .with_comment(comment)
+            .with_partition_columns([PARTITION_COLUMN])
+            .with_configuration_property(
+                TableProperty::CheckpointInterval,
+                Some(CHECKPOINT_INTERVAL.to_string()),
+            );
+        for (column, ty) in columns {
+            create = create.with_column(*column, DataType::Primitive(ty.clone()), false, None);
+        }
+        table = create.await?;
+    }
+    check_schema(&table, &location, columns)?;
+    Ok((table, location))
+}
+
+/// The version of `app_id`'s last application transaction in the table (0 when none):
+/// the last seq the writer committed.
+pub(crate) async fn transaction_version(
+    table: &DeltaTable,
+    location: &str,
+    app_id: &str,
+) -> Result<u64, DeltaError> {
+    match table
+        .snapshot()?
+        .transaction_version(table.log_store().as_ref(), app_id)
+        .await?
+    {
+        None => Ok(0),
+        Some(v) => u64::try_from(v).map_err(|_| DeltaError::NotAnEventsTable {
+            location: location.to_owned(),
+            reason: format!("negative application transaction version {v} for {app_id}"),
+        }),
+    }
+}
+
+/// Refuses a table whose columns or partitioning are not `columns` and [`PARTITION_COLUMN`].
+fn check_schema(
+    table: &DeltaTable,
+    location: &str,
+    columns: &[(&str, PrimitiveType)],
+) -> Result<(), DeltaError> {
     let snapshot = table.snapshot()?;
     let metadata = snapshot.metadata();
     let schema = snapshot.schema();
@@ -295,7 +327,7 @@ fn check_schema(table: &DeltaTable, location: &str) -> Result<(), DeltaError> {
         .fields()
         .map(|f| (f.name().to_string(), f.data_type().to_string()))
         .collect();
-    let wanted: Vec<(String, String)> = COLUMNS
+    let wanted: Vec<(String, String)> = columns
         .iter()
         .map(|(n, t)| (n.to_string(), DataType::Primitive(t.clone()).to_string()))
         .collect();
@@ -380,7 +412,7 @@ fn to_record_batch(
 }
 
 /// Lowercase hex of a hash.
-fn to_hex(hash: &Hash) -> String {
+pub(crate) fn to_hex(hash: &Hash) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(hash.len() * 2);
     for b in hash {

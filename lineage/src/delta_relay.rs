@@ -17,6 +17,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tokio::sync::watch;
 
+use crate::decisions::{DECISIONS_TABLE, DecisionsSink};
 use crate::delta::{DeltaSink, META_FIRST_SEQ, META_LAST_HASH, META_LAST_SEQ, TABLE_NAME};
 use crate::relay::{RelayError, retry_until_stopped};
 
@@ -29,6 +30,8 @@ pub const DELTA_CURSOR: &str = "lineage-delta";
 pub struct DeltaRelayConfig {
     /// Directory of the `events` table (created on first start).
     pub location: PathBuf,
+    /// Directory of the `clearing_decisions` table; `None`: not written.
+    pub decisions: Option<PathBuf>,
     /// A commit is made once this many events are waiting ...
     pub max_events: usize,
     /// ... or once the oldest waiting event has waited this long.
@@ -36,10 +39,13 @@ pub struct DeltaRelayConfig {
 }
 
 impl DeltaRelayConfig {
-    /// Defaults: commits of up to 10,000 events, at most 1 s apart while events arrive.
+    /// Defaults: commits of up to 10,000 events, at most 1 s apart while events arrive;
+    /// the decisions table beside the events table.
     pub fn new(location: impl Into<PathBuf>) -> Self {
+        let location: PathBuf = location.into();
         DeltaRelayConfig {
-            location: location.into(),
+            decisions: location.parent().map(|p| p.join(DECISIONS_TABLE)),
+            location,
             max_events: 10_000,
             max_wait: Duration::from_secs(1),
         }
@@ -82,7 +88,19 @@ async fn follow(
             "linked Delta commits whose link was lost in a crash"
         );
     }
-    let mut subscription = store.subscribe(sink.last_seq() + 1);
+    let mut decisions = match &config.decisions {
+        Some(path) => Some(DecisionsSink::open_or_create(path).await?),
+        None => None,
+    };
+    // Resume at the first seq some table still lacks. The decisions table's transaction
+    // only moves when a batch holds decisions, so the saved cursor (written after both
+    // tables took a batch) bounds how far back that is.
+    let saved = store.load_position(DELTA_CURSOR).await?.unwrap_or(0);
+    let resume = match &decisions {
+        Some(d) => sink.last_seq().min(d.last_seq().max(saved)),
+        None => sink.last_seq(),
+    };
+    let mut subscription = store.subscribe(resume + 1);
     let committed = store.committed_seq();
     let max_events = config.max_events.max(1);
     loop {
@@ -101,19 +119,27 @@ async fn follow(
                 _ = stop.changed() => { stopping = true; break; }
             }
         }
+        let before = sink.last_seq();
         if let Some(version) = sink.append(&batch).await?
-            && let (Some(first), Some(last)) = (batch.first(), batch.last())
+            && let Some(last) = batch.last()
         {
+            // The batch may start below the table's cursor (a resume); the commit holds
+            // only what the table lacked.
             let commit = DeltaCommit {
                 table: TABLE_NAME.to_owned(),
                 version,
-                first_seq: first.seq,
+                first_seq: before + 1,
                 last_seq: last.seq,
                 last_hash: hex_of(last),
             };
             insert_commit(&store, &commit, Utc::now()).await?;
             metrics::counter!("aether_lineage_delta_commits_total").increment(1);
             metrics::counter!("aether_lineage_delta_events_total").increment(batch.len() as u64);
+        }
+        if let Some(d) = decisions.as_mut()
+            && d.append(&batch).await?.is_some()
+        {
+            metrics::counter!("aether_lineage_delta_decision_commits_total").increment(1);
         }
         if let Some(last) = batch.last() {
             store.save_position(DELTA_CURSOR, last.seq).await?;

@@ -15,7 +15,8 @@
 //!   `lineage_records` and a JSON-lines file; `reconcile` lists events missing either record.
 //! - [`delta`]: the `events` Delta table (exactly once by seq through Delta application
 //!   transactions); [`delta_relay`] follows the ledger into it, many events per commit, and
-//!   links each commit's seq range in `delta_commits`.
+//!   links each commit's seq range in `delta_commits`; [`decisions`] flattens each
+//!   `ClearingDecided` event into the `clearing_decisions` table in the same pass.
 //! - [`ledger_facet`]: the custom `aether_ledger` run facet (seq, hashes, stream, snapshot,
 //!   trace) and its JSON schema, which Aether serves.
 //!
@@ -24,6 +25,7 @@
 //! do). Every event produced validates against the OpenLineage 2-0-2 spec and the facet
 //! schemas it names; the tests check that against the spec files in `shared/`.
 
+pub mod decisions;
 pub mod delta;
 pub mod delta_relay;
 pub mod error;

@@ -37,6 +37,7 @@ async fn append(store: &EventStore, from: u64, n: u64) {
 fn config(dir: &Path) -> DeltaRelayConfig {
     DeltaRelayConfig {
         location: dir.join("delta").join("events"),
+        decisions: Some(dir.join("delta").join("clearing_decisions")),
         max_events: 7,
         max_wait: Duration::from_millis(20),
     }
@@ -171,5 +172,105 @@ async fn a_table_that_is_not_an_events_table_stops_the_relay_with_a_logged_error
     assert!(!task.is_finished());
     stop_tx.send(true).expect("relay running");
     task.await.expect("relay task").expect("relay result");
+    store.shutdown().await;
+}
+
+async fn decide(store: &EventStore, member: &str, request_id: &str, amount: &str) {
+    store
+        .append(
+            &format!("clearing/{member}"),
+            ExpectedVersion::Any,
+            vec![
+                NewEvent::new(
+                    "ClearingDecided",
+                    json!({
+                        "request_id": request_id, "member": member, "decision": "cleared",
+                        "score": 0.25, "confidence": 0.5, "model_ref": "m@r",
+                        "trade": {"buyer": member, "seller": "bank-b", "currency": "SGD",
+                                  "amount_minor": amount, "jurisdiction": "SG"},
+                        "rules_fired": [], "cited_clauses": [], "snapshot_id": "s1",
+                    }),
+                )
+                .with_metadata(json!({"request_id": request_id, "trace_id": "t-1"})),
+            ],
+        )
+        .await
+        .expect("append");
+}
+
+/// `(seq, request_id, amount_minor, score)` of every row of the decisions table.
+fn decision_rows(dir: &Path) -> Vec<(i64, String, String, f64)> {
+    use deltalake::arrow::array::{Array, Float64Array, Int64Array, StringArray};
+    use deltalake::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let mut rows = Vec::new();
+    let root = dir.join("delta").join("clearing_decisions");
+    let mut stack = vec![root];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).expect("read dir") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() && !path.ends_with("_delta_log") {
+                stack.push(path);
+            } else if path.extension().is_some_and(|x| x == "parquet") {
+                let file = std::fs::File::open(&path).expect("open");
+                let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+                    .expect("parquet")
+                    .build()
+                    .expect("reader");
+                for batch in reader {
+                    let batch = batch.expect("batch");
+                    let col = |n: &str| batch.column_by_name(n).expect(n).clone();
+                    let seq = col("seq");
+                    let seq = seq.as_any().downcast_ref::<Int64Array>().expect("i64");
+                    let rid = col("request_id");
+                    let rid = rid.as_any().downcast_ref::<StringArray>().expect("str");
+                    let amount = col("amount_minor");
+                    let amount = amount.as_any().downcast_ref::<StringArray>().expect("str");
+                    let score = col("score");
+                    let score = score.as_any().downcast_ref::<Float64Array>().expect("f64");
+                    for i in 0..batch.num_rows() {
+                        rows.push((
+                            seq.value(i),
+                            rid.value(i).to_owned(),
+                            amount.value(i).to_owned(),
+                            score.value(i),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    rows.sort_by_key(|r| r.0);
+    rows
+}
+
+#[tokio::test]
+async fn clearing_decisions_are_flattened_once_each_across_a_restart() {
+    let dir = TempData::new("decisions");
+    let store = open(&dir.0).await;
+    append(&store, 1, 3).await;
+    decide(&store, "bank-a", "req-1", "125000").await;
+    append(&store, 10, 4).await;
+    decide(&store, "bank-a", "req-2", "99999999999999999999").await;
+    relay_until_caught_up(&store, &dir.0).await;
+    let rows = decision_rows(&dir.0);
+    assert_eq!(
+        rows,
+        vec![
+            (4, "req-1".to_owned(), "125000".to_owned(), 0.25),
+            (
+                9,
+                "req-2".to_owned(),
+                "99999999999999999999".to_owned(),
+                0.25
+            ),
+        ]
+    );
+    // More events, a decision among them, and a restarted relay: each row once.
+    append(&store, 20, 2).await;
+    decide(&store, "bank-b", "req-3", "5").await;
+    relay_until_caught_up(&store, &dir.0).await;
+    relay_until_caught_up(&store, &dir.0).await;
+    let ids: Vec<String> = decision_rows(&dir.0).into_iter().map(|r| r.1).collect();
+    assert_eq!(ids, ["req-1", "req-2", "req-3"]);
     store.shutdown().await;
 }
