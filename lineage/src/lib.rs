@@ -17,6 +17,9 @@
 //!   transactions); [`delta_relay`] follows the ledger into it, many events per commit, and
 //!   links each commit's seq range in `delta_commits`; [`decisions`] flattens each
 //!   `ClearingDecided` event into the `clearing_decisions` table in the same pass.
+//! - [`http_transport`]: POSTs the stored records to an OpenLineage backend at
+//!   `OPENLINEAGE_URL` from its own cursor, at-least-once and in seq order; a slow or absent
+//!   endpoint delays only it, and an event the endpoint rejects is recorded, never dropped.
 //! - [`ledger_facet`]: the custom `aether_ledger` run facet (seq, hashes, stream, snapshot,
 //!   trace) and its JSON schema, which Aether serves.
 //!
@@ -29,6 +32,7 @@ pub mod decisions;
 pub mod delta;
 pub mod delta_relay;
 pub mod error;
+pub mod http_transport;
 pub mod job;
 pub mod ledger_facet;
 pub mod relay;

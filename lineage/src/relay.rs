@@ -35,6 +35,8 @@ pub enum RelayError {
     Serialize(#[from] serde_json::Error),
     #[error(transparent)]
     Delta(#[from] crate::delta::DeltaError),
+    #[error(transparent)]
+    Http(#[from] crate::http_transport::HttpTransportError),
     #[error("cannot write the OpenLineage file {path}: {source}")]
     File {
         path: String,
@@ -293,10 +295,13 @@ pub struct Reconciliation {
     pub missing_openlineage: Vec<u64>,
     /// Seqs with no Delta table version.
     pub missing_delta: Vec<u64>,
+    /// Seqs the `OPENLINEAGE_URL` endpoint rejected (400, 413, 422) and has not accepted
+    /// since: skipped by the HTTP transport, so listed here rather than lost.
+    pub rejected_by_endpoint: Vec<u64>,
 }
 
 /// Compares the ledger's seqs `1..=head` with the OpenLineage records and the Delta
-/// commits.
+/// commits, and lists the events the OpenLineage HTTP endpoint rejected.
 pub async fn reconcile(store: &EventStore) -> Result<Reconciliation, RelayError> {
     let head = store.head().await?.map_or(0, |(s, _)| s);
     let seqs: Vec<i64> = if let Some(pool) = store.postgres_pool() {
@@ -323,6 +328,11 @@ pub async fn reconcile(store: &EventStore) -> Result<Reconciliation, RelayError>
             .filter(|c| c.table == crate::delta::TABLE_NAME)
             .map(|c| (c.first_seq, c.last_seq)),
     );
+    report.rejected_by_endpoint = crate::http_transport::rejections(store)
+        .await?
+        .iter()
+        .map(|r| r.seq)
+        .collect();
     Ok(report)
 }
 

@@ -393,3 +393,339 @@ async fn an_exported_bundle_verifies_offline_and_a_changed_byte_fails() {
         .unwrap();
     assert_eq!(as_operator.status(), 403);
 }
+
+/// The live control-plane state and the head seq, read one after the other while nothing
+/// else changes the control plane, and a time just after both.
+async fn live_moment(server: &Server) -> (u64, String, chrono::DateTime<chrono::Utc>) {
+    let (status, live) = get(server, "/v1/state", OPERATOR_TOKEN).await;
+    assert_eq!(status, 200, "{live}");
+    let mut head = 0;
+    loop {
+        let (_, page) = get(
+            server,
+            &format!("/v1/events?from_seq={}&limit=1000", head + 1),
+            OPERATOR_TOKEN,
+        )
+        .await;
+        match page["events"].as_array().unwrap().last() {
+            Some(e) => head = e["seq"].as_u64().unwrap(),
+            None => break,
+        }
+    }
+    let now = chrono::Utc::now();
+    // Whatever comes next is recorded strictly later than `now`.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    (head, live["digest"].as_str().unwrap().to_string(), now)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_state_as_of_any_moment_is_what_the_live_service_showed_then() {
+    state_as_of_scenario(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_state_as_of_any_moment_on_postgres() {
+    let db = aether_ledger::testing::TestDatabase::create().await;
+    state_as_of_scenario(Some(&db.url)).await;
+    db.drop_database().await;
+}
+
+/// Records the live state after each control change, then asks for the state as of each
+/// of those moments by seq and by time; `database_url`: PostgreSQL, else SQLite.
+async fn state_as_of_scenario(database_url: Option<&str>) {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut env = vec![("AETHER_CHECKPOINT_EVERY_EVENTS", "5")];
+    env.extend(database_url.map(|url| ("DATABASE_URL", url)));
+    let server = Server::start(&data, &env);
+    let client = http();
+    let post = |path: String, body: Value| {
+        client
+            .post(server.url(&path))
+            .bearer_auth(OPERATOR_TOKEN)
+            .json(&body)
+            .send()
+    };
+    let policy = |version: &str| {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../services/rules/policies/aml_v2.yaml");
+        std::fs::read_to_string(path)
+            .unwrap()
+            .replace("version: 2.0.0", &format!("version: {version}"))
+    };
+    let ingest = |version: &str| {
+        client
+            .post(server.url("/v1/policy/ingest"))
+            .bearer_auth(OPERATOR_TOKEN)
+            .header("content-type", "application/yaml")
+            .body(policy(version))
+            .send()
+    };
+    let before_anything = chrono::Utc::now() - chrono::Duration::hours(1);
+    let mut moments = vec![live_moment(&server).await];
+
+    assert_eq!(ingest("2.0.0").await.unwrap().status(), 201);
+    moments.push(live_moment(&server).await);
+    assert_eq!(ingest("2.1.0").await.unwrap().status(), 201);
+    moments.push(live_moment(&server).await);
+    for (name, bytes) in [("v3", b"three".as_slice()), ("v4", b"four".as_slice())] {
+        let path = dir.path().join(format!("{name}.bin"));
+        std::fs::write(&path, bytes).unwrap();
+        let model = json!({"ref": format!("finmoe-7b-{name}@sgp-region"), "uri": path.to_str().unwrap(),
+            "digest": hex::encode(aether_ledger::hashing::sm3(bytes)), "feature_schema": {"amount_minor": "int"}});
+        assert_eq!(
+            post("/v1/models".into(), model).await.unwrap().status(),
+            201
+        );
+    }
+    moments.push(live_moment(&server).await);
+    let resp = post(
+        "/v1/engine/activate".into(),
+        json!({"model_ref": "finmoe-7b-v3@sgp-region", "traffic_weight": 0.5, "policy_hooks": ["aml_v2"]}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(resp.status(), 202);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, engine) = get(&server, "/v1/engines/sgp-region", OPERATOR_TOKEN).await;
+        if engine["status"] == "active" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{engine}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    moments.push(live_moment(&server).await);
+    let started: Value = post(
+        "/v1/rollouts".into(),
+        json!({"baseline": "finmoe-7b-v3@sgp-region", "candidate": "finmoe-7b-v4@sgp-region", "steps": [10, 50, 100]}),
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    let id = started["rollout"]["id"].as_str().unwrap().to_string();
+    moments.push(live_moment(&server).await);
+    let resp = post(format!("/v1/rollouts/{id}/step"), json!({}))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    // A committed snapshot (as the coordinator will write it) is in force from then on.
+    let resp: Value = post(
+        "/v1/events".into(),
+        json!({"stream_id": "snapshot", "events": [{"event_type": "SnapshotCommitted",
+            "payload": {"id": "snap-1", "rules_digest": "00", "gateway_digest": "00", "rag_digest": "00"}}]}),
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    let snapshot_seq = resp["committed"][0]["seq"].as_u64().unwrap();
+    moments.push(live_moment(&server).await);
+    let distinct: std::collections::HashSet<&String> = moments.iter().map(|m| &m.1).collect();
+    assert_eq!(
+        distinct.len(),
+        moments.len(),
+        "every moment has a state of its own"
+    );
+
+    // Wait for a checkpoint covering the last moment, so that every answer carries a proof.
+    let last_seq = moments.last().unwrap().0;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, body) = get(&server, "/v1/audit/checkpoints?limit=1000", REGULATOR_TOKEN).await;
+        let covered = body["checkpoints"]
+            .as_array()
+            .unwrap()
+            .last()
+            .and_then(|c| c["checkpoint"]["tree_size"].as_u64())
+            .unwrap_or(0);
+        if covered >= last_seq {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no checkpoint covers seq {last_seq}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let trusted =
+        CheckpointVerifier::from_pem_file(&data.join("keys").join(PUBLIC_KEY_FILE)).unwrap();
+
+    for (seq, digest, time) in &moments {
+        // As a seq: exactly that event, proven against a signed checkpoint.
+        let (status, body) = get(
+            &server,
+            &format!("/v1/audit/state?at={seq}"),
+            REGULATOR_TOKEN,
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["resolved_seq"], *seq);
+        assert_eq!(&body["digest"], digest, "state at seq {seq}: {body}");
+        assert_eq!(body["clamped"], false);
+        assert!(body["head"].as_u64().unwrap() > *seq);
+        assert_eq!(body["recorded_at"], body["event"]["recorded_at"]);
+        if *seq == 0 {
+            // Before the first event: nothing to prove.
+            assert_eq!(body["event"], Value::Null);
+            assert_eq!(body["inclusion_proof"], Value::Null);
+        } else {
+            assert_eq!(body["event"]["seq"], *seq);
+            let proof = &body["inclusion_proof"];
+            let cp: SignedCheckpoint = serde_json::from_value(proof["checkpoint"].clone()).unwrap();
+            trusted.verify(&cp).unwrap();
+            verify_inclusion(
+                &hex_hash::parse(body["event"]["hash"].as_str().unwrap()).unwrap(),
+                seq - 1,
+                cp.tree_size,
+                &hashes(&proof["hashes"]),
+                &cp.root_hash,
+            )
+            .unwrap();
+        }
+        let expected_snapshot = (*seq >= snapshot_seq).then_some(snapshot_seq);
+        assert_eq!(
+            body["snapshot"]["seq"].as_u64(),
+            expected_snapshot,
+            "{body}"
+        );
+
+        // As an RFC 3339 time: the last event by then, the same state.
+        let at = time.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true);
+        let (status, body) = get(
+            &server,
+            &format!("/v1/audit/state?at={}", at.replace('+', "%2B")),
+            REGULATOR_TOKEN,
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(&body["digest"], digest, "state at {at}: {body}");
+        assert!(body["resolved_seq"].as_u64().unwrap() >= *seq);
+        if let Some(recorded) = body["recorded_at"].as_str() {
+            let recorded = chrono::DateTime::parse_from_rfc3339(recorded).unwrap();
+            assert!(recorded <= *time, "{recorded} after {at}");
+        }
+    }
+    // The same instant with an offset is the same point.
+    let (seq, digest, time) = &moments[2];
+    let shanghai = time
+        .with_timezone(&chrono::FixedOffset::east_opt(8 * 3600).unwrap())
+        .to_rfc3339_opts(chrono::SecondsFormat::Micros, false)
+        .replace('+', "%2B");
+    let (_, body) = get(
+        &server,
+        &format!("/v1/audit/state?at={shanghai}"),
+        REGULATOR_TOKEN,
+    )
+    .await;
+    assert_eq!(&body["digest"], digest, "{body}");
+    assert!(body["resolved_seq"].as_u64().unwrap() >= *seq);
+
+    // Before the first event: the empty state.
+    let at = before_anything.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let (status, body) = get(
+        &server,
+        &format!("/v1/audit/state?at={at}"),
+        REGULATOR_TOKEN,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["resolved_seq"], 0);
+    assert_eq!(body["digest"], moments[0].1);
+    assert_eq!(body["state"]["policies"], json!({}));
+    assert_eq!(body["state"]["engines"], json!([]));
+    assert_eq!(body["snapshot"], Value::Null);
+    assert_eq!(body["inclusion_proof"], Value::Null);
+    let (_, zero) = get(&server, "/v1/audit/state?at=0", REGULATOR_TOKEN).await;
+    assert_eq!(zero["digest"], moments[0].1);
+
+    // Past the head: the head's state, and the answer says so.
+    let (status, body) = get(&server, "/v1/audit/state?at=99999999999", REGULATOR_TOKEN).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["clamped"], true);
+    assert_eq!(body["resolved_seq"], body["head"]);
+    assert_eq!(body["digest"], moments.last().unwrap().1);
+    assert!(
+        body["note"]
+            .as_str()
+            .unwrap()
+            .contains("past the newest event"),
+        "{body}"
+    );
+    let tomorrow = (chrono::Utc::now() + chrono::Duration::days(1))
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let (_, body) = get(
+        &server,
+        &format!("/v1/audit/state?at={tomorrow}"),
+        REGULATOR_TOKEN,
+    )
+    .await;
+    assert_eq!(body["clamped"], true, "{body}");
+    assert_eq!(body["digest"], moments.last().unwrap().1);
+
+    // Refusals: precise problems, and the wrong role is turned away.
+    for path in [
+        "/v1/audit/state",
+        "/v1/audit/state?at=",
+        "/v1/audit/state?at=yesterday",
+        "/v1/audit/state?at=-1",
+        "/v1/audit/state?at=2026-13-01T00:00:00Z",
+        "/v1/audit/state?at=5&colour=red",
+    ] {
+        let resp = client
+            .get(server.url(path))
+            .bearer_auth(REGULATOR_TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 400, "{path}");
+        assert_eq!(
+            resp.headers()["content-type"],
+            "application/problem+json",
+            "{path}"
+        );
+        let problem: Value = resp.json().await.unwrap();
+        let detail = problem["detail"].as_str().unwrap();
+        if path.contains("at=") && !path.contains("colour") {
+            assert!(
+                detail.contains("RFC 3339") && detail.contains("seq"),
+                "{path}: {detail}"
+            );
+        }
+    }
+    let (status, _) = get(&server, "/v1/audit/state?at=1", OPERATOR_TOKEN).await;
+    assert_eq!(status, 403);
+
+    // Each time-travel query is on the ledger, as a regulator's.
+    let (_, body) = get(
+        &server,
+        "/v1/audit/events?stream_prefix=access/&limit=1000",
+        REGULATOR_TOKEN,
+    )
+    .await;
+    let asked: Vec<&Value> = body["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["payload"]["query"] == "state")
+        .collect();
+    assert!(
+        asked.len() >= 2 * moments.len() + 4,
+        "{} recorded",
+        asked.len()
+    );
+    assert!(asked.iter().all(|e| {
+        e["metadata"]["actor"]
+            .as_str()
+            .unwrap()
+            .starts_with("regulator:")
+    }));
+    assert!(
+        asked
+            .iter()
+            .any(|e| e["payload"]["details"]["at"] == "99999999999")
+    );
+}

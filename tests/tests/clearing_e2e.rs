@@ -262,6 +262,37 @@ async fn trades_are_cleared_over_mtls_with_envelopes_and_every_decision_is_on_th
     assert_eq!(held.rules_fired, ["aml_v2/reporting-threshold"]);
     assert_eq!(held.cited_clauses, ["sg-clearing:rep-threshold-1"]);
 
+    // A regulator asks why: the whole explanation, with the cited clause's text from the
+    // corpus version in force and an event that matches the receipt.
+    let why = get(&server, "/v1/audit/decisions/req-2").await;
+    assert_eq!(why["decision"], "held_for_review", "{why}");
+    assert_eq!(why["member"], "bank-a");
+    assert_eq!(why["model"]["digest"], REFERENCE_MODEL_DIGEST);
+    assert_eq!(why["policies"]["aml_v2"], "2.0.0");
+    assert_eq!(why["event"]["seq"], held.receipt.as_ref().unwrap().seq);
+    assert_eq!(why["cited_clauses"][0]["clause"]["id"], "rep-threshold-1", "{why}");
+    assert!(
+        why["cited_clauses"][0]["clause"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("threshold report"),
+        "{why}"
+    );
+    let missing = http()
+        .get(server.url("/v1/audit/decisions/no-such-request"))
+        .bearer_auth(REGULATOR_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+    let operator = http()
+        .get(server.url("/v1/audit/decisions/req-2"))
+        .bearer_auth(OPERATOR_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(operator.status(), 403);
+
     // Idempotency: the same request id returns the original decision, writes nothing.
     let before = decisions(&server).await.len();
     let again = bank_a.submit("req-1", &trade(125_000)).await.unwrap();

@@ -151,3 +151,119 @@ fn delta_commit_ranges(table: &std::path::Path) -> Vec<(u64, u64)> {
     }
     out
 }
+
+/// Every `(Authorization header, body)` the receiver below was sent.
+type Received = std::sync::Arc<std::sync::Mutex<Vec<(Option<String>, Value)>>>;
+
+/// A minimal OpenLineage backend on 127.0.0.1: answers every request `201 Created` and
+/// keeps what it was sent (HTTP/1.1 with Content-Length, as the transport sends).
+async fn openlineage_receiver() -> (String, Received) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let received = Received::default();
+    let store = received.clone();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 8192];
+                loop {
+                    let end = loop {
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        match socket.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                    let header = |name: &str| {
+                        head.lines().find_map(|l| {
+                            l.split_once(':')
+                                .filter(|(k, _)| k.trim().eq_ignore_ascii_case(name))
+                                .map(|(_, v)| v.trim().to_owned())
+                        })
+                    };
+                    let len: usize = header("content-length")
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0);
+                    while buf.len() < end + len {
+                        match socket.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let body = serde_json::from_slice(&buf[end..end + len]).unwrap_or(Value::Null);
+                    store.lock().unwrap().push((header("authorization"), body));
+                    buf.drain(..end + len);
+                    let reply = b"HTTP/1.1 201 Created\r\ncontent-length: 0\r\n\r\n";
+                    if socket.write_all(reply).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (url, received)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openlineage_url_receives_every_event_with_the_api_key() {
+    let (url, received) = openlineage_receiver().await;
+    let seqs = |received: &Received| -> std::collections::BTreeSet<u64> {
+        received
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|(_, body)| body["run"]["facets"]["aether_ledger"]["seq"].as_u64())
+            .collect()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(
+        &data,
+        &[
+            ("OPENLINEAGE_URL", url.as_str()),
+            ("OPENLINEAGE_API_KEY", "e2e-openlineage-key"),
+        ],
+    );
+    let mut last = 0;
+    for n in 0..3 {
+        last = append(&server, n).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !seqs(&received).contains(&last) {
+        assert!(
+            Instant::now() < deadline,
+            "seq {last} never reached OPENLINEAGE_URL"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A graceful stop waits for the transport too, so the final checkpoint arrives as well.
+    assert!(server.terminate().success());
+    let out = run_aether(
+        &[
+            "lineage",
+            "reconcile",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--json",
+        ],
+        &[],
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["rejected_by_endpoint"], json!([]), "{report}");
+    let head = report["events"].as_u64().unwrap();
+    assert_eq!(seqs(&received), (1..=head).collect());
+    for (authorization, body) in received.lock().unwrap().iter() {
+        assert_eq!(
+            authorization.as_deref(),
+            Some("Bearer e2e-openlineage-key"),
+            "{body}"
+        );
+        assert_eq!(body["job"]["namespace"], "aether");
+    }
+}

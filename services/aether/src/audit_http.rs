@@ -15,7 +15,7 @@ use axum::routing::get;
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
-use aether_control::Origin;
+use aether_control::{ControlState, Origin};
 use axum::Extension;
 
 use crate::auth::{Caller, Role};
@@ -30,6 +30,11 @@ pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/v1/audit/events", get(events))
         .route("/v1/audit/events/{seq}", get(event))
+        .route("/v1/audit/state", get(state_as_of))
+        .route(
+            "/v1/audit/decisions/{request_id}",
+            get(crate::audit_decisions::decision),
+        )
         .route("/v1/audit/checkpoints", get(checkpoints))
         .route("/v1/audit/proofs/inclusion", get(inclusion))
         .route("/v1/audit/proofs/consistency", get(consistency))
@@ -80,6 +85,7 @@ fn event_filter(p: &HashMap<String, String>) -> Result<EventFilter, Problem> {
         event_type: p.get("event_type").cloned(),
         stream_prefix: p.get("stream_prefix").cloned(),
         metadata,
+        max_seq: None,
     };
     filter
         .validate()
@@ -88,7 +94,7 @@ fn event_filter(p: &HashMap<String, String>) -> Result<EventFilter, Problem> {
 }
 
 /// Records the access in the ledger; the answer waits for that record to commit.
-async fn record_access(
+pub(crate) async fn record_access(
     state: &AppState,
     caller: &Caller,
     trace_id: &str,
@@ -112,7 +118,7 @@ async fn record_access(
         })
 }
 
-fn regulator(state: &AppState, headers: &HeaderMap) -> Result<Caller, Problem> {
+pub(crate) fn regulator(state: &AppState, headers: &HeaderMap) -> Result<Caller, Problem> {
     authorize(state, headers, &[Role::Regulator])
 }
 
@@ -216,22 +222,7 @@ async fn event(
                 format!("no event at seq {seq}"),
             )
         })?;
-    let proof = match latest_checkpoint(&state).await? {
-        Some((checkpoint_seq, cp)) if cp.tree_size >= seq => {
-            let hashes = state
-                .merkle
-                .inclusion_proof(seq, cp.tree_size)
-                .map_err(proof_problem)?;
-            json!({
-                "leaf_index": seq - 1,
-                "tree_size": cp.tree_size,
-                "hashes": hex_list(&hashes),
-                "checkpoint": cp,
-                "checkpoint_seq": checkpoint_seq,
-            })
-        }
-        _ => json!(null),
-    };
+    let proof = inclusion_against_latest(&state, seq).await?;
     // Personal values still held, with their salts, so that the regulator can check them
     // against the commitments in the hashed payload.
     let personal = state.store.personal_fields(&event).await?;
@@ -243,12 +234,138 @@ async fn event(
         "event": event,
         "personal": personal,
         "lineage": lineage,
+        "note": proof_note(&proof),
         "inclusion_proof": proof,
-        "note": if proof.is_null() {
-            "not yet covered by a signed checkpoint; ask again after the next one"
-        } else {
-            "verify with RFC 9162 inclusion over SM3 against checkpoint.root_hash (see HASHING.md)"
-        },
+    }))
+    .into_response())
+}
+
+/// The inclusion proof of event `seq` against the latest signed checkpoint, or null while
+/// no checkpoint covers it: one shape for every audit answer that proves an event.
+pub(crate) async fn inclusion_against_latest(state: &AppState, seq: u64) -> Result<Value, Problem> {
+    let Some((checkpoint_seq, cp)) = latest_checkpoint(state).await? else {
+        return Ok(Value::Null);
+    };
+    if cp.tree_size < seq {
+        return Ok(Value::Null);
+    }
+    // The follower may be a moment behind the newest checkpoint.
+    if state.merkle.len() < cp.tree_size {
+        state.merkle.catch_up(&state.store).await?;
+    }
+    let hashes = state
+        .merkle
+        .inclusion_proof(seq, cp.tree_size)
+        .map_err(proof_problem)?;
+    Ok(json!({
+        "leaf_index": seq - 1,
+        "tree_size": cp.tree_size,
+        "hashes": hex_list(&hashes),
+        "checkpoint": cp,
+        "checkpoint_seq": checkpoint_seq,
+    }))
+}
+
+pub(crate) fn proof_note(proof: &Value) -> &'static str {
+    if proof.is_null() {
+        "not yet covered by a signed checkpoint; ask again after the next one"
+    } else {
+        "verify with RFC 9162 inclusion over SM3 against checkpoint.root_hash (see HASHING.md)"
+    }
+}
+
+/// A point in the ledger's history, as a regulator names it.
+enum At {
+    Seq(u64),
+    Time(DateTime<Utc>),
+}
+
+const AT_FORMS: &str =
+    "a seq (a decimal integer ≥ 0, e.g. 1234) or an RFC 3339 time (e.g. 2026-12-01T09:30:00Z)";
+
+fn parse_at(p: &HashMap<String, String>) -> Result<At, Problem> {
+    let raw = p.get("at").ok_or_else(|| {
+        Problem::bad_request(format!("query parameter at is required: {AT_FORMS}"))
+    })?;
+    if !raw.is_empty() && raw.bytes().all(|b| b.is_ascii_digit()) {
+        // Digits only: a seq; one too large for any ledger is past the head, like any other.
+        return Ok(At::Seq(raw.parse().unwrap_or(u64::MAX)));
+    }
+    DateTime::parse_from_rfc3339(raw)
+        .map(|t| At::Time(t.with_timezone(&Utc)))
+        .map_err(|e| {
+            // A `+` offset sent unencoded arrives as a space.
+            let hint = if raw.contains(' ') {
+                "; write + in an offset as %2B"
+            } else {
+                ""
+            };
+            Problem::bad_request(format!("at must be {AT_FORMS}; got {raw:?} ({e}){hint}"))
+        })
+}
+
+/// `GET /v1/audit/state?at=<seq|RFC 3339>`: the control plane (engines, policies with
+/// versions, models, rollouts and weights, corpora) and the snapshot in force as they stood
+/// at that seq, or after the last event recorded by that time, rebuilt from the ledger up to
+/// it, with an inclusion proof of that event. A point past the head is answered at the head,
+/// and the answer says so.
+async fn state_as_of(
+    State(state): State<AppState>,
+    Extension(origin): Extension<Origin>,
+    headers: HeaderMap,
+    query: Params,
+) -> Result<Response, Problem> {
+    let caller = regulator(&state, &headers)?;
+    let p = params(query, &["at"])?;
+    let at = parse_at(&p)?;
+    record_access(&state, &caller, &origin.trace_id, "state", json!(p)).await?;
+    let head = state.store.head().await?.map_or(0, |(seq, _)| seq);
+    let wanted = match at {
+        At::Seq(seq) => seq,
+        At::Time(t) => state.store.seq_at_time(t).await?.map_or(0, |(seq, _)| seq),
+    };
+    let resolved = wanted.min(head);
+    let event = match resolved {
+        0 => None,
+        seq => state
+            .store
+            .read_all(seq, 1)
+            .await?
+            .into_iter()
+            .find(|e| e.seq == seq),
+    };
+    let clamped = match at {
+        At::Seq(seq) => seq > head,
+        At::Time(t) => resolved == head && event.as_ref().is_some_and(|e| t > e.recorded_at),
+    };
+    let past = ControlState::replay_until(&state.store, resolved).await?;
+    let proof = match resolved {
+        0 => Value::Null,
+        seq => inclusion_against_latest(&state, seq).await?,
+    };
+    let mut note = String::new();
+    if clamped {
+        note.push_str(&format!(
+            "at is past the newest event: this is the state at the head (seq {head}), which later events may change. "
+        ));
+    }
+    if resolved == 0 {
+        note.push_str("at is before the first event: the empty state.");
+    } else {
+        note.push_str(proof_note(&proof));
+    }
+    Ok(axum::Json(json!({
+        "at": p.get("at"),
+        "resolved_seq": resolved,
+        "recorded_at": event.as_ref().map(|e| aether_ledger::hashing::format_timestamp(&e.recorded_at)),
+        "head": head,
+        "clamped": clamped,
+        "state": past.document(),
+        "digest": past.digest(),
+        "snapshot": past.snapshot(),
+        "event": event,
+        "inclusion_proof": proof,
+        "note": note,
     }))
     .into_response())
 }

@@ -22,6 +22,9 @@ pub enum BenchCommand {
     Ledger(LedgerBench),
     /// Audit: inclusion-proof latency and evidence export at scale, against plain reads.
     Audit(AuditBench),
+    /// Clearing over gRPC (mTLS, SM2/SM4 session keys) through a real `aether serve`,
+    /// against a bare tonic mTLS echo server in the same run.
+    Clearing(crate::bench_clearing::ClearingBench),
 }
 
 #[derive(Args)]
@@ -41,6 +44,16 @@ pub struct AuditBench {
     /// Approximate canonical payload size per event, bytes.
     #[arg(long, default_value_t = 500)]
     payload_bytes: usize,
+    /// Rounds of control-plane changes spread over the fill (policy version, model,
+    /// engine activation, rollout; a corpus version and a snapshot every fifth).
+    #[arg(long, default_value_t = 20)]
+    control_rounds: u64,
+    /// State-as-of queries to time, at random points of the ledger.
+    #[arg(long, default_value_t = 300)]
+    states: u64,
+    /// Keep the scratch PostgreSQL database afterwards (to look at query plans).
+    #[arg(long)]
+    keep_database: bool,
 }
 
 #[derive(Args)]
@@ -72,6 +85,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Ledger(b) => ledger(b).await,
         BenchCommand::Audit(b) => audit(b).await,
+        BenchCommand::Clearing(b) => crate::bench_clearing::run(b).await,
     }
 }
 
@@ -418,7 +432,7 @@ async fn ledger(b: LedgerBench) -> anyhow::Result<()> {
         let signer = CheckpointSigner::generate()?;
         let trusted = signer.verifier();
         let fill_started = Instant::now();
-        fill_signed(&store, signer, b.verify_events, b.payload_bytes).await?;
+        fill_signed(&store, signer, b.verify_events, b.payload_bytes, false).await?;
         let filled = fill_started.elapsed();
         let started = Instant::now();
         let report = verify_store(&store, Some(trusted), |_| {}).await?;
@@ -453,12 +467,15 @@ async fn ledger(b: LedgerBench) -> anyhow::Result<()> {
 }
 
 /// Appends `events` events from 4 tasks in 500-event appends while a checkpointer signs
-/// every 1,000; ends with a final checkpoint covering everything.
+/// every 1,000; ends with a final checkpoint covering everything. With `access`, one task
+/// in four writes regulators' `AuditQueried` records to `access/audit` instead of
+/// clearing decisions.
 async fn fill_signed(
     store: &EventStore,
     signer: CheckpointSigner,
     events: u64,
     payload_bytes: usize,
+    access: bool,
 ) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let checkpointer = tokio::spawn(run_checkpointer(
@@ -473,18 +490,16 @@ async fn fill_signed(
             let store = store.clone();
             tokio::spawn(async move {
                 let mut done = 0;
+                let (stream, kind) = match t {
+                    3 if access => ("access/audit".to_owned(), "AuditQueried"),
+                    _ => (format!("clearing/member-{t}"), "ClearingDecided"),
+                };
                 while done < per_task {
                     let n = (per_task - done).min(500);
                     let events = (0..n)
-                        .map(|i| NewEvent::new("ClearingDecided", payload(payload_bytes, done + i)))
+                        .map(|i| NewEvent::new(kind, payload(payload_bytes, done + i)))
                         .collect();
-                    store
-                        .append(
-                            &format!("clearing/member-{t}"),
-                            ExpectedVersion::Any,
-                            events,
-                        )
-                        .await?;
+                    store.append(&stream, ExpectedVersion::Any, events).await?;
                     done += n;
                 }
                 anyhow::Ok(())
@@ -515,7 +530,14 @@ async fn audit(b: AuditBench) -> anyhow::Result<()> {
     let store = EventStore::connect(&scratch.url, StoreConfig::default()).await?;
     let signer = CheckpointSigner::generate()?;
     let trusted = signer.verifier();
-    fill_signed(&store, signer, b.events, b.payload_bytes).await?;
+    let control = tokio::spawn(control_rounds(store.clone(), b.events, b.control_rounds));
+    fill_signed(&store, signer, b.events, b.payload_bytes, true).await?;
+    let control_events = control.await??;
+    if let Some(pool) = store.postgres_pool() {
+        // Statistics as autovacuum would have them on a ledger this size: the query plans
+        // measured below are the ones a long-running service gets.
+        sqlx::query("ANALYZE events").execute(pool).await?;
+    }
     let anchor: SignedCheckpoint = store
         .read_stream(
             aether_ledger::checkpoint::CHECKPOINT_STREAM,
@@ -606,7 +628,198 @@ async fn audit(b: AuditBench) -> anyhow::Result<()> {
         read.as_secs_f64(),
         verified.as_secs_f64()
     );
+    state_as_of(&store, control_events, b.states).await?;
     store.shutdown().await;
-    scratch.drop().await;
+    if b.keep_database {
+        println!("kept {}", redact_url(&scratch.url));
+    } else {
+        scratch.drop().await;
+    }
+    Ok(())
+}
+
+/// Policy source for a bench round: the example policy at another version.
+const AML_POLICY: &str = include_str!("../../rules/policies/aml_v2.yaml");
+const BASEL_POLICY: &str = include_str!("../../rules/policies/basel3_delta.yaml");
+
+/// Control-plane changes through the registries, spread over a fill of `events`: round
+/// `r` starts once the ledger passes `events * r / (rounds + 1)`. Returns how many control
+/// events were written.
+async fn control_rounds(store: EventStore, events: u64, rounds: u64) -> anyhow::Result<u64> {
+    use aether_control::{
+        ActivationRequest, Command, ControlState, CorpusIngest, ModelSpec, Origin, RolloutRequest,
+    };
+    use aether_rules::PolicyFormat;
+
+    let live = ControlState::replay(&store).await?;
+    let op = Origin::from("operator:bench");
+    let mut committed = store.committed_seq();
+    let mut written = 0u64;
+    let n = |c: Option<aether_ledger::Committed>| u64::from(c.is_some());
+    for r in 1..=rounds {
+        let threshold = events * r / (rounds + 1);
+        while *committed.borrow_and_update() < threshold {
+            committed.changed().await?;
+        }
+        let aml = AML_POLICY.replace("version: 2.0.0", &format!("version: 2.0.{r}"));
+        written += n(live.policies.ingest(&aml, PolicyFormat::Yaml, &op).await?.1);
+        if r % 4 == 0 {
+            let basel = BASEL_POLICY.replace("version: 1.0.0", &format!("version: 1.0.{r}"));
+            written += n(live
+                .policies
+                .ingest(&basel, PolicyFormat::Yaml, &op)
+                .await?
+                .1);
+        }
+        let region = format!("region-{}", r % 4);
+        let model_ref = format!("finmoe-r{r}@{region}");
+        let spec = ModelSpec {
+            model_ref: model_ref.clone(),
+            // Remote artifacts are checked by the workers that fetch them.
+            uri: format!("s3://aether-bench/models/r{r}.bin"),
+            digest: hex::encode(aether_ledger::hashing::sm3(model_ref.as_bytes())),
+            feature_schema: serde_json::json!({"amount_minor": "int"})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+        };
+        written += n(live.models.register(spec, &op).await?);
+        let (request, activation) = live
+            .engines
+            .request_activation(
+                ActivationRequest {
+                    model_ref: model_ref.clone(),
+                    traffic_weight: 0.5,
+                    policy_hooks: vec!["aml_v2".into()],
+                },
+                &op,
+            )
+            .await?;
+        written += n(Some(request));
+        activation.await?;
+        // Four steps after the request (verified, bound, breaker, activated).
+        written += 4;
+        if r > 4 {
+            let (rollout, started) = live
+                .rollouts
+                .start(
+                    RolloutRequest {
+                        baseline: format!("finmoe-r{}@{region}", r - 4),
+                        candidate: model_ref.clone(),
+                        steps: vec![10, 50, 100],
+                        analysis: Default::default(),
+                    },
+                    &op,
+                )
+                .await?;
+            written += n(Some(started));
+            for command in [Command::Step, Command::Step, Command::Promote] {
+                written += n(Some(
+                    live.rollouts
+                        .command(&rollout.id, command, None, None, &op)
+                        .await?
+                        .1,
+                ));
+            }
+        }
+        if r % 5 == 0 {
+            let text =
+                format!("# Notice {r}\n\n## Reporting\n\nReport trades above threshold {r}.\n");
+            let ingest: CorpusIngest = serde_json::from_value(serde_json::json!({
+                "name": "mas-notices",
+                "documents": [{"id": format!("notice-{r}"), "text": text}],
+            }))?;
+            written += n(live.corpora.ingest(ingest, &op).await?.1);
+            let snapshot = NewEvent::new(
+                aether_control::SNAPSHOT_COMMITTED,
+                serde_json::json!({"id": format!("snap-{r}"), "rules_digest": hex::encode(live.policies.engine().snapshot().digest())}),
+            );
+            store
+                .append(
+                    aether_control::SNAPSHOT_STREAM,
+                    ExpectedVersion::Any,
+                    vec![snapshot],
+                )
+                .await?;
+            written += 1;
+        }
+    }
+    Ok(written)
+}
+
+/// State as of random points of the ledger, the way `GET /v1/audit/state?at=<time>`
+/// computes it (time → seq, that event, the replay up to it, its digest), against reading
+/// the same control events alone and against the full replay a start does.
+async fn state_as_of(store: &EventStore, control_events: u64, samples: u64) -> anyhow::Result<()> {
+    use aether_control::ControlState;
+    use aether_ledger::EventFilter;
+    use rand::RngExt;
+
+    let head = store.head().await?.map_or(0, |(seq, _)| seq);
+    let mut rng = rand::rng();
+    let mut picks = Vec::new();
+    for _ in 0..samples {
+        let seq = rng.random_range(1..=head);
+        let event = store.read_all(seq, 1).await?;
+        let at = event
+            .first()
+            .map(|e| e.recorded_at)
+            .ok_or_else(|| anyhow::anyhow!("no event at seq {seq}"))?;
+        picks.push((seq, at));
+    }
+    let mut times = Vec::with_capacity(picks.len());
+    let mut last = None;
+    for &(seq, at) in &picks {
+        let t = Instant::now();
+        let resolved = store.seq_at_time(at).await?.map_or(0, |(s, _)| s);
+        let event = store.read_all(resolved, 1).await?;
+        let past = ControlState::replay_until(store, resolved).await?;
+        let digest = past.digest();
+        times.push(t.elapsed());
+        anyhow::ensure!(
+            resolved >= seq,
+            "{at} resolved to {resolved}, before seq {seq}"
+        );
+        std::hint::black_box((event, past.snapshot().map(|e| e.seq)));
+        last = Some((resolved, digest));
+    }
+    // The same reads with nothing applied: the floor for any replay.
+    let categories = ["policy/", "model/", "corpus/", "engine/", "rollout/"];
+    let mut reads = Vec::with_capacity(picks.len());
+    for &(seq, _) in &picks {
+        let t = Instant::now();
+        let mut n = 0;
+        for prefix in categories {
+            let filter = EventFilter {
+                stream_prefix: Some(prefix.into()),
+                max_seq: Some(seq),
+                ..EventFilter::default()
+            };
+            n += store.query(&filter, 0, 500).await?.len();
+        }
+        reads.push(t.elapsed());
+        std::hint::black_box(n);
+    }
+    let started = Instant::now();
+    let now = ControlState::replay(store).await?;
+    let full = started.elapsed();
+    let at_head = ControlState::replay_until(store, head).await?;
+    anyhow::ensure!(
+        at_head.digest() == now.digest(),
+        "the state as of the head differs from the replay of everything"
+    );
+    std::hint::black_box(last);
+    times.sort();
+    reads.sort();
+    println!(
+        "state as of a time ({} random points of {head} events, {control_events} of them control events): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; baseline: reading the same control events alone p50 {:.2} ms, p99 {:.2} ms; full replay at the head {:.2} ms",
+        times.len(),
+        ms(percentile(&times, 0.5)),
+        ms(percentile(&times, 0.99)),
+        ms(times.last().copied().unwrap_or_default()),
+        ms(percentile(&reads, 0.5)),
+        ms(percentile(&reads, 0.99)),
+        ms(full),
+    );
     Ok(())
 }

@@ -1,8 +1,10 @@
 //! `aether`: the command line and composition root of the Aether compliance ledger.
 
+mod audit_decisions;
 mod audit_http;
 mod auth;
 mod bench;
+mod bench_clearing;
 mod clearing;
 mod control_http;
 mod corpus_http;
@@ -91,8 +93,8 @@ enum ClientCommand {
 
 #[derive(Subcommand)]
 enum LineageCommand {
-    /// Lists events missing their OpenLineage record or their Delta table version; exits 1
-    /// when any is missing.
+    /// Lists events missing their OpenLineage record or their Delta table version, and those
+    /// the OpenLineage endpoint rejected; exits 1 when there is any.
     Reconcile {
         #[command(flatten)]
         ledger: LedgerArgs,
@@ -372,9 +374,17 @@ async fn reconcile(ledger: LedgerArgs, json: bool) -> anyhow::Result<ExitCode> {
             report.missing_delta.len(),
             list(&report.missing_delta)
         );
+        println!(
+            "rejected by the OpenLineage endpoint: {} [{}]",
+            report.rejected_by_endpoint.len(),
+            list(&report.rejected_by_endpoint)
+        );
     }
     Ok(
-        if report.missing_openlineage.is_empty() && report.missing_delta.is_empty() {
+        if report.missing_openlineage.is_empty()
+            && report.missing_delta.is_empty()
+            && report.rejected_by_endpoint.is_empty()
+        {
             ExitCode::SUCCESS
         } else {
             ExitCode::from(1)

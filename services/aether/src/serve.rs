@@ -121,6 +121,17 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(lineage_dir.join("openlineage.jsonl")),
         relay_stop_rx.clone(),
     ));
+    // An OpenLineage backend at OPENLINEAGE_URL, when set: the stored records, from the
+    // transport's own cursor, so a slow or absent endpoint delays only this relay.
+    let http_lineage = aether_lineage::http_transport::HttpTransportConfig::from_env()
+        .context("invalid OpenLineage HTTP transport configuration")?;
+    let http_relay = http_lineage.map(|config| {
+        tokio::spawn(aether_lineage::http_transport::run_http_relay(
+            store.clone(),
+            config,
+            relay_stop_rx.clone(),
+        ))
+    });
     // Delta Lake: every event as a row of <data>/delta/events, many events per commit.
     let delta_relay = tokio::spawn(aether_lineage::delta_relay::run_delta_relay(
         store.clone(),
@@ -202,9 +213,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Ok(Ok(())) => {}
     }
     follower.abort();
-    drain_relay(&store).await;
+    drain_relay(&store, http_relay.is_some()).await;
     let _ = relay_stop_tx.send(true);
-    for (sink, task) in [("openlineage", relay), ("delta", delta_relay)] {
+    let mut relays = vec![("openlineage", relay), ("delta", delta_relay)];
+    relays.extend(http_relay.map(|task| ("openlineage-http", task)));
+    for (sink, task) in relays {
         match task.await {
             Ok(Err(e)) => tracing::error!(sink, error = %e, "lineage relay failed"),
             Err(e) => tracing::error!(sink, error = %e, "lineage relay task failed"),
@@ -239,16 +252,21 @@ pub(crate) async fn shutdown_signal() {
 }
 
 /// Gives the lineage relays up to 10 s to reach the ledger's head before they are stopped
-/// (they resume from their cursors on the next start either way).
-async fn drain_relay(store: &EventStore) {
+/// (they resume from their cursors on the next start either way). The HTTP transport is
+/// waited for only when `OPENLINEAGE_URL` is set.
+async fn drain_relay(store: &EventStore, http: bool) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while tokio::time::Instant::now() < deadline {
         let head = store.head().await.ok().flatten().map_or(0, |(s, _)| s);
         let mut done = u64::MAX;
-        for cursor in [
+        let mut cursors = vec![
             aether_lineage::relay::OPENLINEAGE_CURSOR,
             aether_lineage::delta_relay::DELTA_CURSOR,
-        ] {
+        ];
+        if http {
+            cursors.push(aether_lineage::http_transport::HTTP_CURSOR);
+        }
+        for cursor in cursors {
             let at = store
                 .load_position(cursor)
                 .await

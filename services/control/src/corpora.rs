@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::origin::Origin;
-use crate::replay::for_each_event;
+use crate::replay::Pages;
 
 /// Event type of a new corpus version.
 pub const CORPUS_INGESTED: &str = "CorpusIngested";
@@ -139,6 +139,14 @@ pub struct CorpusRegistry {
 impl CorpusRegistry {
     /// Rebuilds every corpus from its `CorpusIngested` events, in seq order.
     pub async fn load(store: EventStore) -> Result<Self, LedgerError> {
+        Self::load_until(store, None).await
+    }
+
+    /// [`Self::load`] from the events with seq ≤ `upto_seq` only.
+    pub(crate) async fn load_until(
+        store: EventStore,
+        upto_seq: Option<u64>,
+    ) -> Result<Self, LedgerError> {
         let registry = CorpusRegistry {
             store,
             projection: Arc::default(),
@@ -147,15 +155,18 @@ impl CorpusRegistry {
         let filter = EventFilter {
             event_type: Some(CORPUS_INGESTED.into()),
             stream_prefix: Some("corpus/".into()),
+            max_seq: upto_seq,
             ..EventFilter::default()
         };
-        for_each_event(&registry.store, &filter, async |event| {
-            if let Err(e) = registry.apply(event).await {
-                // A recorded version that cannot be rebuilt must not vanish silently.
-                tracing::error!(seq = event.seq, error = %e, "stored corpus version cannot be rebuilt");
+        let mut pages = Pages::new(&registry.store, &filter);
+        while let Some(page) = pages.next().await? {
+            for event in &page {
+                if let Err(e) = registry.apply(event).await {
+                    // A recorded version that cannot be rebuilt must not vanish silently.
+                    tracing::error!(seq = event.seq, error = %e, "stored corpus version cannot be rebuilt");
+                }
             }
-        })
-        .await?;
+        }
         Ok(registry)
     }
 

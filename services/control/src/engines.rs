@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use crate::models::{ModelError, ModelRegistry, check_artifact, region_of};
 use crate::origin::Origin;
 use crate::policies::PolicyRegistry;
-use crate::replay::for_each_event;
+use crate::replay::Pages;
 
 pub const ACTIVATION_REQUESTED: &str = "EngineActivationRequested";
 pub const MODEL_VERIFIED: &str = "EngineModelVerified";
@@ -91,10 +91,22 @@ pub struct EngineRegistry {
 }
 
 impl EngineRegistry {
+    /// Rebuilds the engines from the ledger. An activation the last run left unfinished
+    /// stays `activating` until [`Self::fail_interrupted`] records its end.
     pub async fn load(
         store: EventStore,
         models: ModelRegistry,
         policies: PolicyRegistry,
+    ) -> Result<Self, LedgerError> {
+        Self::load_until(store, models, policies, None).await
+    }
+
+    /// [`Self::load`] from the events with seq ≤ `upto_seq` only; writes nothing.
+    pub(crate) async fn load_until(
+        store: EventStore,
+        models: ModelRegistry,
+        policies: PolicyRegistry,
+        upto_seq: Option<u64>,
     ) -> Result<Self, LedgerError> {
         let registry = EngineRegistry {
             store,
@@ -104,9 +116,13 @@ impl EngineRegistry {
         };
         let filter = EventFilter {
             stream_prefix: Some("engine/".into()),
+            max_seq: upto_seq,
             ..EventFilter::default()
         };
-        for_each_event(&registry.store, &filter, async |e| registry.apply(e)).await?;
+        let mut pages = Pages::new(&registry.store, &filter);
+        while let Some(page) = pages.next().await? {
+            page.iter().for_each(|e| registry.apply(e));
+        }
         Ok(registry)
     }
 

@@ -4,6 +4,7 @@
 //! Built so far: policies, models, corpora, engines and rollouts. The snapshot coordinator
 //! is the rest of the control-plane issue.
 
+pub mod analysis;
 pub mod corpora;
 pub mod engines;
 pub mod models;
@@ -18,7 +19,7 @@ pub use engines::{ActivationRequest, EngineError, EngineRegistry, EngineState, E
 pub use models::{ModelError, ModelRegistry, ModelSpec};
 pub use origin::{ColouringError, Origin};
 pub use policies::{IngestError, PolicyRecord, PolicyRegistry};
-pub use projection::ControlState;
+pub use projection::{ControlState, SNAPSHOT_COMMITTED, SNAPSHOT_STREAM, StateAsOf};
 pub use rollouts::{
     Command, RolloutError, RolloutPhase, RolloutRegistry, RolloutRequest, RolloutState,
 };

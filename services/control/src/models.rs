@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::origin::Origin;
-use crate::replay::for_each_event;
+use crate::replay::Pages;
 
 /// Event type of a registration.
 pub const MODEL_REGISTERED: &str = "ModelRegistered";
@@ -119,6 +119,14 @@ pub struct ModelRegistry {
 
 impl ModelRegistry {
     pub async fn load(store: EventStore) -> Result<Self, LedgerError> {
+        Self::load_until(store, None).await
+    }
+
+    /// [`Self::load`] from the events with seq ≤ `upto_seq` only.
+    pub(crate) async fn load_until(
+        store: EventStore,
+        upto_seq: Option<u64>,
+    ) -> Result<Self, LedgerError> {
         let registry = ModelRegistry {
             store,
             models: Arc::default(),
@@ -126,9 +134,13 @@ impl ModelRegistry {
         let filter = EventFilter {
             event_type: Some(MODEL_REGISTERED.into()),
             stream_prefix: Some("model/".into()),
+            max_seq: upto_seq,
             ..EventFilter::default()
         };
-        for_each_event(&registry.store, &filter, async |e| registry.apply(e)).await?;
+        let mut pages = Pages::new(&registry.store, &filter);
+        while let Some(page) = pages.next().await? {
+            page.iter().for_each(|e| registry.apply(e));
+        }
         Ok(registry)
     }
 

@@ -14,7 +14,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::origin::Origin;
-use crate::replay::for_each_event;
+use crate::replay::Pages;
 
 /// Event type of an accepted policy version.
 pub const POLICY_INGESTED: &str = "PolicyIngested";
@@ -78,6 +78,15 @@ impl PolicyRegistry {
     /// Rebuilds the registry from the ledger: every `PolicyIngested` in seq order, the
     /// latest version of each policy installed in the engine.
     pub async fn load(store: EventStore) -> Result<Self, LedgerError> {
+        Self::load_until(store, None).await
+    }
+
+    /// [`Self::load`] from the events with seq ≤ `upto_seq` only. Stored policies are
+    /// compiled again; nothing is written.
+    pub(crate) async fn load_until(
+        store: EventStore,
+        upto_seq: Option<u64>,
+    ) -> Result<Self, LedgerError> {
         let registry = PolicyRegistry {
             store,
             engine: Arc::new(RuleEngine::new()),
@@ -86,15 +95,18 @@ impl PolicyRegistry {
         let filter = EventFilter {
             event_type: Some(POLICY_INGESTED.into()),
             stream_prefix: Some("policy/".into()),
+            max_seq: upto_seq,
             ..EventFilter::default()
         };
-        for_each_event(&registry.store, &filter, async |event| {
-            if let Err(e) = registry.apply(event).await {
-                // A stored policy that no longer compiles must not vanish silently.
-                tracing::error!(seq = event.seq, error = %e, "stored policy does not compile");
+        let mut pages = Pages::new(&registry.store, &filter);
+        while let Some(page) = pages.next().await? {
+            for event in &page {
+                if let Err(e) = registry.apply(event).await {
+                    // A stored policy that no longer compiles must not vanish silently.
+                    tracing::error!(seq = event.seq, error = %e, "stored policy does not compile");
+                }
             }
-        })
-        .await?;
+        }
         Ok(registry)
     }
 

@@ -1,11 +1,17 @@
 //! The control plane's whole projected state as one canonical document, so that a replay
-//! from seq 1 can be compared with the live service byte for byte.
+//! from seq 1 can be compared with the live service byte for byte, and so that the state
+//! at any past seq can be rebuilt for auditors (time travel).
 
 use aether_ledger::hashing::{canonical_json, sm3};
-use aether_ledger::{EventStore, LedgerError};
+use aether_ledger::{EventFilter, EventStore, LedgerError, RecordedEvent};
 use serde_json::{Value, json};
 
 use crate::{CorpusRegistry, EngineRegistry, ModelRegistry, PolicyRegistry, RolloutRegistry};
+
+/// Event type of a committed consistent snapshot (gateway, rules and RAG digests).
+pub const SNAPSHOT_COMMITTED: &str = "SnapshotCommitted";
+/// The stream the snapshot coordinator writes.
+pub const SNAPSHOT_STREAM: &str = "snapshot";
 
 /// The registries that make up the control plane's state.
 #[derive(Clone)]
@@ -20,11 +26,40 @@ pub struct ControlState {
 impl ControlState {
     /// Rebuilds every projection from the ledger, from seq 1.
     pub async fn replay(store: &EventStore) -> Result<ControlState, LedgerError> {
-        let policies = PolicyRegistry::load(store.clone()).await?;
-        let models = ModelRegistry::load(store.clone()).await?;
-        let engines = EngineRegistry::load(store.clone(), models.clone(), policies.clone()).await?;
-        let rollouts = RolloutRegistry::load(store.clone(), models.clone()).await?;
-        let corpora = CorpusRegistry::load(store.clone()).await?;
+        Self::replay_bounded(store, None).await
+    }
+
+    /// The state as it stood just after event `upto_seq` (0: before the first event), from
+    /// the events up to it alone, with the snapshot in force then. Nothing is written, and
+    /// the answer offers no way to write: a past state must not act (it would, say, fail
+    /// an activation that was still running at that seq).
+    pub async fn replay_until(store: &EventStore, upto_seq: u64) -> Result<StateAsOf, LedgerError> {
+        let (state, snapshot) = tokio::try_join!(
+            Self::replay_bounded(store, Some(upto_seq)),
+            snapshot_at(store, upto_seq),
+        )?;
+        Ok(StateAsOf {
+            seq: upto_seq,
+            state,
+            snapshot,
+        })
+    }
+
+    async fn replay_bounded(
+        store: &EventStore,
+        upto_seq: Option<u64>,
+    ) -> Result<ControlState, LedgerError> {
+        // The projections read disjoint streams, so they load side by side; engines and
+        // rollouts only keep handles to the model and policy registries.
+        let (policies, models, corpora) = tokio::try_join!(
+            PolicyRegistry::load_until(store.clone(), upto_seq),
+            ModelRegistry::load_until(store.clone(), upto_seq),
+            CorpusRegistry::load_until(store.clone(), upto_seq),
+        )?;
+        let (engines, rollouts) = tokio::try_join!(
+            EngineRegistry::load_until(store.clone(), models.clone(), policies.clone(), upto_seq),
+            RolloutRegistry::load_until(store.clone(), models.clone(), upto_seq),
+        )?;
         Ok(ControlState {
             corpora,
             policies,
@@ -52,4 +87,47 @@ impl ControlState {
         let text = canonical_json(&self.document()).unwrap_or_default();
         hex::encode(sm3(text.as_bytes()))
     }
+}
+
+/// The control plane as it stood at one seq: read-only by construction.
+pub struct StateAsOf {
+    seq: u64,
+    state: ControlState,
+    snapshot: Option<RecordedEvent>,
+}
+
+impl StateAsOf {
+    /// The last event the state includes (0: none).
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// As [`ControlState::document`]; equal to the live one's at that seq.
+    pub fn document(&self) -> Value {
+        self.state.document()
+    }
+
+    /// As [`ControlState::digest`].
+    pub fn digest(&self) -> String {
+        self.state.digest()
+    }
+
+    /// The last `SnapshotCommitted` at or before the seq: the snapshot in force then.
+    pub fn snapshot(&self) -> Option<&RecordedEvent> {
+        self.snapshot.as_ref()
+    }
+}
+
+/// The newest committed snapshot with seq ≤ `upto_seq` (one backward index probe).
+async fn snapshot_at(
+    store: &EventStore,
+    upto_seq: u64,
+) -> Result<Option<RecordedEvent>, LedgerError> {
+    let filter = EventFilter {
+        event_type: Some(SNAPSHOT_COMMITTED.into()),
+        stream_prefix: Some(SNAPSHOT_STREAM.into()),
+        max_seq: Some(upto_seq),
+        ..EventFilter::default()
+    };
+    Ok(store.query_backward(&filter, u64::MAX, 1).await?.pop())
 }

@@ -5,21 +5,37 @@ use aether_ledger::{EventFilter, EventStore, LedgerError, RecordedEvent};
 /// Events read per page while rebuilding a projection.
 const PAGE: u32 = 500;
 
-/// Calls `apply` on every event matching `filter`, in seq order.
-pub(crate) async fn for_each_event(
-    store: &EventStore,
-    filter: &EventFilter,
-    mut apply: impl AsyncFnMut(&RecordedEvent),
-) -> Result<(), LedgerError> {
-    let mut after = 0;
-    loop {
-        let page = store.query(filter, after, PAGE).await?;
-        let Some(last) = page.last() else {
-            return Ok(());
-        };
-        after = last.seq;
-        for event in &page {
-            apply(event).await;
+/// The events matching a filter, a page at a time, in seq order. A loop over pages, not a
+/// callback taking an async closure, so that a replay's future is `Send` and can run in
+/// an HTTP handler (time travel).
+pub(crate) struct Pages<'a> {
+    store: &'a EventStore,
+    filter: &'a EventFilter,
+    after: u64,
+    done: bool,
+}
+
+impl<'a> Pages<'a> {
+    pub(crate) fn new(store: &'a EventStore, filter: &'a EventFilter) -> Pages<'a> {
+        Pages {
+            store,
+            filter,
+            after: 0,
+            done: false,
         }
+    }
+
+    /// The next page, `None` after the last. A short page is the last one, so a
+    /// projection of a few events costs one read.
+    pub(crate) async fn next(&mut self) -> Result<Option<Vec<RecordedEvent>>, LedgerError> {
+        if self.done {
+            return Ok(None);
+        }
+        let page = self.store.query(self.filter, self.after, PAGE).await?;
+        match page.last() {
+            Some(last) if page.len() == PAGE as usize => self.after = last.seq,
+            _ => self.done = true,
+        }
+        Ok((!page.is_empty()).then_some(page))
     }
 }

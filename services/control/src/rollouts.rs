@@ -15,7 +15,7 @@ use serde_json::json;
 
 use crate::models::{ModelError, ModelRegistry, region_of};
 use crate::origin::Origin;
-use crate::replay::for_each_event;
+use crate::replay::Pages;
 
 pub const STARTED: &str = "RolloutStarted";
 pub const STEPPED: &str = "RolloutStepped";
@@ -164,6 +164,15 @@ pub struct RolloutRegistry {
 
 impl RolloutRegistry {
     pub async fn load(store: EventStore, models: ModelRegistry) -> Result<Self, LedgerError> {
+        Self::load_until(store, models, None).await
+    }
+
+    /// [`Self::load`] from the events with seq ≤ `upto_seq` only.
+    pub(crate) async fn load_until(
+        store: EventStore,
+        models: ModelRegistry,
+        upto_seq: Option<u64>,
+    ) -> Result<Self, LedgerError> {
         let registry = RolloutRegistry {
             store,
             models,
@@ -171,9 +180,13 @@ impl RolloutRegistry {
         };
         let filter = EventFilter {
             stream_prefix: Some("rollout/".into()),
+            max_seq: upto_seq,
             ..EventFilter::default()
         };
-        for_each_event(&registry.store, &filter, async |e| registry.apply(e)).await?;
+        let mut pages = Pages::new(&registry.store, &filter);
+        while let Some(page) = pages.next().await? {
+            page.iter().for_each(|e| registry.apply(e));
+        }
         Ok(registry)
     }
 

@@ -113,6 +113,7 @@ contract!(
     filtered_queries_select_by_type_prefix_metadata_and_time,
     merkle_log_follows_the_ledger_and_proves_inclusion,
     personal_data_is_committed_and_redactable_without_breaking_the_chain,
+    reads_as_of_a_seq_or_a_time,
 );
 
 async fn appended_events_read_back_chained<F, Fut>(open: F)
@@ -1243,5 +1244,118 @@ where
         .unwrap();
     assert!(reopened.personal_fields(&victim).await.unwrap().is_empty());
     reopened.shutdown().await;
+    h.finish().await;
+}
+
+/// Time travel: a whole category up to a seq, the last of a kind before a point, and the
+/// newest seq at a time.
+async fn reads_as_of_a_seq_or_a_time<F, Fut>(open: F)
+where
+    F: Fn(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = Harness>,
+{
+    let h = open(StoreConfig::default()).await;
+    let s = &h.store;
+    let one = |stream: &'static str, kind: &'static str| async move {
+        s.append(stream, ExpectedVersion::Any, vec![ev(kind, 0)])
+            .await
+            .unwrap()
+            .remove(0)
+    };
+    let first = one("engine/sgp", "EngineActivated").await; // 1
+    one("clearing/m1", "ClearingDecided").await; // 2
+    one("engine", "NotInTheCategoryPrefix").await; // 3: category engine, no `engine/`
+    one("engineering/x", "EngineActivated").await; // 4: another category
+    tokio::time::sleep(Duration::from_millis(15)).await;
+    // One batch: every event in it has the same time.
+    let batch = s
+        .append(
+            "engine/hkg",
+            ExpectedVersion::Any,
+            vec![ev("EngineActivated", 5), ev("EngineDeactivated", 6)],
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(15)).await;
+    let late = one("clearing/m1", "ClearingDecided").await; // 7
+    one("engine/sgp", "EngineDeactivated").await; // 8
+    let seqs = |events: Vec<aether_ledger::RecordedEvent>| {
+        events.iter().map(|e| e.seq).collect::<Vec<_>>()
+    };
+
+    let engines = EventFilter {
+        stream_prefix: Some("engine/".into()),
+        ..Default::default()
+    };
+    assert_eq!(
+        seqs(s.query(&engines, 0, 10).await.unwrap()),
+        vec![1, 5, 6, 8]
+    );
+    assert_eq!(seqs(s.query(&engines, 1, 2).await.unwrap()), vec![5, 6]);
+    let upto_6 = EventFilter {
+        max_seq: Some(6),
+        ..engines.clone()
+    };
+    assert_eq!(seqs(s.query(&upto_6, 0, 10).await.unwrap()), vec![1, 5, 6]);
+    let upto_0 = EventFilter {
+        max_seq: Some(0),
+        ..engines.clone()
+    };
+    assert!(s.query(&upto_0, 0, 10).await.unwrap().is_empty());
+    let huge = EventFilter {
+        max_seq: Some(u64::MAX),
+        ..engines.clone()
+    };
+    assert_eq!(s.query(&huge, 0, 10).await.unwrap().len(), 4);
+    assert!(s.query(&engines, u64::MAX, 10).await.unwrap().is_empty());
+
+    // Backward: newest first, before a seq and within the bound.
+    assert_eq!(
+        seqs(s.query_backward(&engines, u64::MAX, 10).await.unwrap()),
+        vec![8, 6, 5, 1]
+    );
+    assert_eq!(
+        seqs(s.query_backward(&upto_6, u64::MAX, 1).await.unwrap()),
+        vec![6]
+    );
+    let activated = EventFilter {
+        event_type: Some("EngineActivated".into()),
+        max_seq: Some(4),
+        ..Default::default()
+    };
+    assert_eq!(
+        seqs(s.query_backward(&activated, u64::MAX, 1).await.unwrap()),
+        vec![4]
+    );
+    assert_eq!(
+        seqs(s.query_backward(&activated, 4, 10).await.unwrap()),
+        vec![1]
+    );
+
+    // A time resolves to the last event recorded at or before it.
+    let before = first.recorded_at - chrono::Duration::milliseconds(1);
+    assert_eq!(s.seq_at_time(before).await.unwrap(), None);
+    // Against the answer worked out from every event.
+    let all = s.read_all(1, 100).await.unwrap();
+    for probe in all.iter().map(|e| e.recorded_at) {
+        let newest = all.iter().rev().find(|e| e.recorded_at <= probe);
+        assert_eq!(
+            s.seq_at_time(probe).await.unwrap(),
+            newest.map(|e| (e.seq, e.recorded_at))
+        );
+    }
+    let at_batch = s.seq_at_time(batch[0].recorded_at).await.unwrap();
+    assert_eq!(at_batch, Some((6, batch[1].recorded_at)));
+    let between = batch[0].recorded_at + chrono::Duration::milliseconds(5);
+    assert_eq!(
+        s.seq_at_time(between).await.unwrap().map(|(q, _)| q),
+        Some(6)
+    );
+    assert!(between < late.recorded_at);
+    let future = late.recorded_at + chrono::Duration::days(1);
+    assert_eq!(
+        s.seq_at_time(future).await.unwrap().map(|(q, _)| q),
+        Some(8)
+    );
     h.finish().await;
 }

@@ -25,13 +25,24 @@ pub struct EventFilter {
     /// Recorded before.
     pub to: Option<DateTime<Utc>>,
     pub event_type: Option<String>,
-    /// Stream ids starting with this (e.g. `clearing/`).
+    /// Stream ids starting with this (e.g. `clearing/`). A prefix naming a whole category
+    /// (`engine/`: no other `/`) is read from the category index, so its cost follows the
+    /// matching events rather than the ledger's size.
     pub stream_prefix: Option<String>,
     /// `(member, value)`: metadata member equals the string value.
     pub metadata: Vec<(String, String)>,
+    /// Seq at most: the ledger as it stood after this event (time travel).
+    pub max_seq: Option<u64>,
 }
 
 impl EventFilter {
+    /// The category (`engine` for `engine/`) when the prefix names a whole one. A stream's
+    /// category is its id up to the first `/` (all of it when there is none).
+    pub(crate) fn category(&self) -> Option<&str> {
+        let category = self.stream_prefix.as_deref()?.strip_suffix('/')?;
+        (!category.is_empty() && !category.contains('/')).then_some(category)
+    }
+
     /// Checks the metadata member names against [`FILTERABLE_METADATA`].
     pub fn validate(&self) -> Result<(), LedgerError> {
         for (key, _) in &self.metadata {

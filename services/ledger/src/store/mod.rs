@@ -127,6 +127,18 @@ impl Db {
     }
 }
 
+/// Where a filtered read starts, exclusive: forward after a seq or backward before one.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Cursor {
+    After(u64),
+    Before(u64),
+}
+
+/// A seq as the databases' signed 64-bit integer (seqs beyond it do not exist).
+pub(crate) fn seq_param(seq: u64) -> i64 {
+    i64::try_from(seq).unwrap_or(i64::MAX)
+}
+
 /// Decodes the columns both backends share; `recorded_at` is stored differently.
 fn decode_event<'r, R>(row: &'r R, recorded_at: DateTime<Utc>) -> Result<RecordedEvent, LedgerError>
 where
@@ -395,10 +407,43 @@ impl EventStore {
         after_seq: u64,
         limit: u32,
     ) -> Result<Vec<RecordedEvent>, LedgerError> {
+        self.filtered(filter, Cursor::After(after_seq), limit).await
+    }
+
+    /// Up to `limit` events matching `filter` with seq < `before_seq`, newest first (the
+    /// last of a kind before a point: `query_backward(&f, u64::MAX, 1)` is the newest).
+    pub async fn query_backward(
+        &self,
+        filter: &EventFilter,
+        before_seq: u64,
+        limit: u32,
+    ) -> Result<Vec<RecordedEvent>, LedgerError> {
+        self.filtered(filter, Cursor::Before(before_seq), limit)
+            .await
+    }
+
+    async fn filtered(
+        &self,
+        filter: &EventFilter,
+        cursor: Cursor,
+        limit: u32,
+    ) -> Result<Vec<RecordedEvent>, LedgerError> {
         filter.validate()?;
         match &self.inner.db {
-            Db::Postgres(p) => postgres::query(p, filter, after_seq, limit).await,
-            Db::Sqlite(p) => sqlite::query(p, filter, after_seq, limit).await,
+            Db::Postgres(p) => postgres::query(p, filter, cursor, limit).await,
+            Db::Sqlite(p) => sqlite::query(p, filter, cursor, limit).await,
+        }
+    }
+
+    /// The newest event recorded at or before `at`, as its seq and time (`None` when every
+    /// event is younger): what "the ledger as of a time" means. Index probes only.
+    pub async fn seq_at_time(
+        &self,
+        at: DateTime<Utc>,
+    ) -> Result<Option<(u64, DateTime<Utc>)>, LedgerError> {
+        match &self.inner.db {
+            Db::Postgres(p) => postgres::seq_at_time(p, at).await,
+            Db::Sqlite(p) => sqlite::seq_at_time(p, at).await,
         }
     }
 

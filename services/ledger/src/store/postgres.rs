@@ -8,7 +8,7 @@ use sqlx::Row;
 use sqlx::postgres::{PgPool, PgRow};
 
 use super::plan::{EventRow, Head};
-use super::{Direction, EventFilter, decode_event};
+use super::{Cursor, Direction, EventFilter, decode_event, seq_param};
 use crate::error::LedgerError;
 use crate::event::RecordedEvent;
 use crate::hashing::Hash;
@@ -313,14 +313,21 @@ pub(crate) async fn save_position(
     Ok(())
 }
 
+/// Filtered reads, forward from `after_seq` or backward from `before_seq`.
 pub(crate) async fn query(
     pool: &PgPool,
     filter: &EventFilter,
-    after_seq: u64,
+    cursor: Cursor,
     limit: u32,
 ) -> Result<Vec<RecordedEvent>, LedgerError> {
-    let mut q = sqlx::QueryBuilder::<sqlx::Postgres>::new(select_events!("WHERE seq > "));
-    q.push_bind(after_seq as i64);
+    let mut q = sqlx::QueryBuilder::<sqlx::Postgres>::new(select_events!("WHERE seq "));
+    match cursor {
+        Cursor::After(seq) => q.push("> ").push_bind(seq_param(seq)),
+        Cursor::Before(seq) => q.push("< ").push_bind(seq_param(seq)),
+    };
+    if let Some(max) = filter.max_seq {
+        q.push(" AND seq <= ").push_bind(seq_param(max));
+    }
     if let Some(from) = filter.from {
         q.push(" AND recorded_at >= ").push_bind(from);
     }
@@ -329,6 +336,11 @@ pub(crate) async fn query(
     }
     if let Some(t) = &filter.event_type {
         q.push(" AND event_type = ").push_bind(t);
+    }
+    if let Some(category) = filter.category() {
+        // Exactly the expression of the `events_stream_category` index.
+        q.push(" AND split_part(stream_id, '/', 1) = ")
+            .push_bind(category);
     }
     if let Some(prefix) = &filter.stream_prefix {
         q.push(" AND starts_with(stream_id, ")
@@ -342,6 +354,43 @@ pub(crate) async fn query(
             .push(") = ")
             .push_bind(value);
     }
-    q.push(" ORDER BY seq LIMIT ").push_bind(i64::from(limit));
-    q.build().fetch_all(pool).await?.iter().map(event).collect()
+    q.push(match cursor {
+        Cursor::After(_) => " ORDER BY seq LIMIT ",
+        Cursor::Before(_) => " ORDER BY seq DESC LIMIT ",
+    })
+    .push_bind(i64::from(limit));
+    // Planned for these values every time: a generic plan, which PostgreSQL adopts for a
+    // statement prepared and run often, cannot see that `engine` is rare or that a seq
+    // range is most of the ledger, and picks a primary-key scan of every event (seen at
+    // 1M events: 900 ms instead of 0.3 ms). Planning costs ~0.1 ms.
+    q.build()
+        .persistent(false)
+        .fetch_all(pool)
+        .await?
+        .iter()
+        .map(event)
+        .collect()
+}
+
+/// The newest event recorded at or before `at`: its seq and time. A backward scan of the
+/// `recorded_at` index that stops after the newest time's events (one commit batch, sorted
+/// incrementally), whatever the ledger's size and whatever plan is cached.
+pub(crate) async fn seq_at_time(
+    pool: &PgPool,
+    at: DateTime<Utc>,
+) -> Result<Option<(u64, DateTime<Utc>)>, LedgerError> {
+    let row = sqlx::query(
+        "SELECT seq, recorded_at FROM events WHERE recorded_at <= $1 \
+         ORDER BY recorded_at DESC, seq DESC LIMIT 1",
+    )
+    .bind(at)
+    .fetch_optional(pool)
+    .await?;
+    row.map(|r| {
+        Ok((
+            r.try_get::<i64, _>("seq")? as u64,
+            r.try_get("recorded_at")?,
+        ))
+    })
+    .transpose()
 }

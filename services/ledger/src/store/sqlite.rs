@@ -8,7 +8,7 @@ use sqlx::sqlite::{SqlitePool, SqliteRow};
 use sqlx::{QueryBuilder, Row, Sqlite};
 
 use super::plan::{EventRow, Head};
-use super::{Direction, EventFilter, decode_event};
+use super::{Cursor, Direction, EventFilter, decode_event, seq_param};
 use crate::error::LedgerError;
 use crate::event::RecordedEvent;
 use crate::hashing::Hash;
@@ -306,14 +306,21 @@ pub(crate) async fn save_position(
     Ok(())
 }
 
+/// Filtered reads, forward from `after_seq` or backward from `before_seq`.
 pub(crate) async fn query(
     pool: &SqlitePool,
     filter: &EventFilter,
-    after_seq: u64,
+    cursor: Cursor,
     limit: u32,
 ) -> Result<Vec<RecordedEvent>, LedgerError> {
-    let mut q = QueryBuilder::<Sqlite>::new(select_events!("WHERE seq > "));
-    q.push_bind(after_seq as i64);
+    let mut q = QueryBuilder::<Sqlite>::new(select_events!("WHERE seq "));
+    match cursor {
+        Cursor::After(seq) => q.push("> ").push_bind(seq_param(seq)),
+        Cursor::Before(seq) => q.push("< ").push_bind(seq_param(seq)),
+    };
+    if let Some(max) = filter.max_seq {
+        q.push(" AND seq <= ").push_bind(seq_param(max));
+    }
     if let Some(from) = filter.from {
         q.push(" AND recorded_at >= ").push_bind(to_micros(from));
     }
@@ -322,6 +329,12 @@ pub(crate) async fn query(
     }
     if let Some(t) = &filter.event_type {
         q.push(" AND event_type = ").push_bind(t);
+    }
+    if let Some(category) = filter.category() {
+        // Exactly the expression of the `events_stream_category` index: SQLite uses an
+        // index on an expression only for the same expression.
+        q.push(" AND substr(stream_id, 1, instr(stream_id || '/', '/') - 1) = ")
+            .push_bind(category);
     }
     if let Some(prefix) = &filter.stream_prefix {
         q.push(" AND substr(stream_id, 1, length(")
@@ -336,6 +349,32 @@ pub(crate) async fn query(
             .push(") = ")
             .push_bind(value);
     }
-    q.push(" ORDER BY seq LIMIT ").push_bind(i64::from(limit));
+    q.push(match cursor {
+        Cursor::After(_) => " ORDER BY seq LIMIT ",
+        Cursor::Before(_) => " ORDER BY seq DESC LIMIT ",
+    })
+    .push_bind(i64::from(limit));
     q.build().fetch_all(pool).await?.iter().map(event).collect()
+}
+
+/// The newest event recorded at or before `at`: its seq and time, from the `recorded_at`
+/// index (whose entries are in seq order within one time).
+pub(crate) async fn seq_at_time(
+    pool: &SqlitePool,
+    at: DateTime<Utc>,
+) -> Result<Option<(u64, DateTime<Utc>)>, LedgerError> {
+    let row = sqlx::query(
+        "SELECT seq, recorded_at FROM events WHERE recorded_at <= ? \
+         ORDER BY recorded_at DESC, seq DESC LIMIT 1",
+    )
+    .bind(to_micros(at))
+    .fetch_optional(pool)
+    .await?;
+    row.map(|r| {
+        Ok((
+            r.try_get::<i64, _>("seq")? as u64,
+            from_micros("recorded_at", r.try_get("recorded_at")?)?,
+        ))
+    })
+    .transpose()
 }

@@ -1,0 +1,180 @@
+//! `GET /v1/audit/decisions/{request_id}`: the whole why of one clearing decision — the
+//! trade, the model (ref, digest, stage), the policy versions and rules that fired, the
+//! cited clauses' text from the corpus version in force, the worker and batch, the
+//! snapshot, the event with its lineage records and an inclusion proof.
+
+use aether_control::Origin;
+use aether_ledger::{EventFilter, RecordedEvent};
+use axum::Extension;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use crate::audit_http::{inclusion_against_latest, proof_note, record_access, regulator};
+use crate::http::{AppState, Problem};
+
+/// Most decisions sharing one request id that are looked at (one per member).
+const MAX_MATCHES: u32 = 100;
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionQuery {
+    /// The member, when several used the same request id.
+    member: Option<String>,
+}
+
+pub async fn decision(
+    State(state): State<AppState>,
+    Extension(origin): Extension<Origin>,
+    headers: HeaderMap,
+    Path(request_id): Path<String>,
+    query: Result<Query<DecisionQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, Problem> {
+    let caller = regulator(&state, &headers)?;
+    let Query(query) = query.map_err(|e| Problem::bad_request(e.body_text()))?;
+    if request_id.is_empty() || request_id.len() > 256 {
+        return Err(Problem::bad_request(
+            "request_id must be 1 to 256 characters",
+        ));
+    }
+    record_access(
+        &state,
+        &caller,
+        &origin.trace_id,
+        "decision",
+        json!({ "request_id": request_id, "member": query.member }),
+    )
+    .await?;
+    let mut metadata = vec![("request_id".to_owned(), request_id.clone())];
+    if let Some(member) = &query.member {
+        metadata.push(("member".to_owned(), member.clone()));
+    }
+    let filter = EventFilter {
+        event_type: Some("ClearingDecided".into()),
+        stream_prefix: Some("clearing/".into()),
+        metadata,
+        ..EventFilter::default()
+    };
+    let found = state.store.query(&filter, 0, MAX_MATCHES).await?;
+    let event = match found.as_slice() {
+        [one] => one.clone(),
+        [] => {
+            return Err(Problem::new(
+                StatusCode::NOT_FOUND,
+                "Not found",
+                format!("no clearing decision for request id {request_id:?}"),
+            ));
+        }
+        many => {
+            let members: Vec<String> = many
+                .iter()
+                .map(|e| e.stream_id.trim_start_matches("clearing/").to_owned())
+                .collect();
+            return Err(Problem::new(
+                StatusCode::CONFLICT,
+                "Ambiguous request id",
+                format!(
+                    "members {} each used request id {request_id:?}; add ?member=",
+                    members.join(", ")
+                ),
+            )
+            .with("members", json!(members)));
+        }
+    };
+    let proof = inclusion_against_latest(&state, event.seq).await?;
+    let lineage = aether_lineage::relay::record(&state.store, event.seq)
+        .await
+        .ok()
+        .flatten();
+    Ok(axum::Json(explain(&state, &event, lineage, proof)).into_response())
+}
+
+/// The explanation document of one `ClearingDecided` event.
+fn explain(
+    state: &AppState,
+    event: &RecordedEvent,
+    lineage: Option<aether_lineage::relay::LineageRecord>,
+    proof: Value,
+) -> Value {
+    let p = event.payload_value().unwrap_or_default();
+    let corpora = &p["snapshot"]["corpora"];
+    // Each cited clause with its text from the corpus version the decision was made under.
+    let clauses: Vec<Value> = p["cited_clauses"]
+        .as_array()
+        .map(|ids| {
+            ids.iter()
+                .filter_map(Value::as_str)
+                .map(|cited| {
+                    let (corpus, id) = cited.split_once(':').unwrap_or(("", cited));
+                    let clause = corpora[corpus]
+                        .as_str()
+                        .and_then(|d| d.parse::<aether_rag::CorpusDigest>().ok())
+                        .and_then(|digest| {
+                            state
+                                .control
+                                .corpora
+                                .corpus(corpus)
+                                .and_then(|c| c.get(&digest))
+                        })
+                        .and_then(|version| version.clause(id).cloned());
+                    json!({
+                        "cited": cited,
+                        "corpus": corpus,
+                        "corpus_version": corpora[corpus],
+                        "clause": clause,
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let policies: std::collections::BTreeMap<String, Value> = p["rules"]
+        .as_array()
+        .map(|rules| {
+            rules
+                .iter()
+                .filter_map(|r| {
+                    Some((
+                        r["policy"].as_str()?.to_owned(),
+                        r["policy_version"].clone(),
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    json!({
+        "request_id": p["request_id"],
+        "member": p["member"],
+        "decision": p["decision"],
+        "score": p["score"],
+        "confidence": p["confidence"],
+        "trade": p["trade"],
+        "model": {
+            "ref": p["model_ref"],
+            "digest": p["model_digest"],
+            "stage": p["model_stage"],
+            "rollout": p["rollout"],
+        },
+        "policies": policies,
+        "rules_fired": p["rules"],
+        "rule_errors": p["rule_errors"],
+        "cited_clauses": clauses,
+        "worker": {
+            "id": p["worker"],
+            "device": p["device"],
+            "batch_id": p["batch_id"],
+            "batch_size": p["batch_size"],
+            "netting_seq": p["netting_seq"],
+        },
+        "snapshot": {
+            "id": p["snapshot_id"],
+            "rules_digest": p["snapshot"]["rules_digest"],
+            "corpora": corpora,
+        },
+        "latency_us": p["latency_us"],
+        "event": event,
+        "lineage": lineage,
+        "note": proof_note(&proof),
+        "inclusion_proof": proof,
+    })
+}

@@ -1,0 +1,1425 @@
+//! `aether bench clearing`: clearing throughput and latency through a real `aether serve`
+//! (mTLS, SM2/SM4 session keys, rules, batching, scoring, netting and decision events on
+//! the ledger), against a bare tonic mTLS echo server measured in the same run.
+//!
+//! Three processes: this one (the driver: starts `aether serve`, sets up the engine over
+//! HTTP, hosts the echo server, prints the report), the server, and a load client
+//! (`aether bench clearing client …`, hidden) that drives both targets in turn, so that
+//! the client never shares a runtime with what it measures.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aether_gateway::certs::PkiLayout;
+use aether_gateway::client::ClearingClient;
+use aether_gateway::envelope::{Aad, Direction, Sm4Key, open, seal, unix_now, wrap_key};
+use aether_gateway::identity::Role;
+use aether_gateway::pb::v1::clearing_service_client::ClearingServiceClient;
+use aether_gateway::pb::v1::clearing_service_server::{ClearingService, ClearingServiceServer};
+use aether_gateway::pb::v1::{
+    ClearingAnswer, ClearingRequest, Decision, KeyExchangeRequest, KeyExchangeResponse,
+    SealedBatchRequest, SealedBatchResponse, SealedRequest, SealedResponse, Trade,
+};
+use aether_gateway::service::METHOD_SUBMIT;
+use aether_gateway::tls::{ServerTls, TlsPaths, client_tls_config};
+use aether_gpu_worker::reference::{self, REFERENCE_MODEL_REF};
+use aether_ledger::redact_url;
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+use prost::Message;
+use serde::{Deserialize, Serialize};
+use sm2::pkcs8::DecodePublicKey;
+use sqlx::Connection;
+use sqlx::postgres::PgConnection;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Response, Status, Streaming};
+
+/// Members the development PKI issues certificates for; channels alternate between them.
+const MEMBERS: [&str; 2] = ["bank-a", "bank-b"];
+/// Prefix of the client's result lines on its stdout.
+const RESULT_PREFIX: &str = "aether-bench-result ";
+const AML_POLICY: &str = include_str!("../../rules/policies/aml_v2.yaml");
+const CORPUS_DOC: &str = include_str!("../../rag/corpus/threshold-reporting.md");
+/// The issue's targets on the 2-core machine.
+const TARGET_RPS: f64 = 10_000.0;
+const TARGET_P99_MS: f64 = 50.0;
+const TARGET_RATIO: f64 = 0.4;
+
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct ClearingBench {
+    #[command(subcommand)]
+    mode: Option<ClearingMode>,
+    /// Ledger of the server: `postgres://…` (a scratch database is created and dropped;
+    /// needs CREATE DATABASE). Default: SQLite in the temp data directory.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: Option<String>,
+    /// Measured seconds per target (after the warm-up).
+    #[arg(long, default_value_t = 20)]
+    duration_secs: u64,
+    /// Warm-up seconds per target, not measured.
+    #[arg(long, default_value_t = 5)]
+    warmup_secs: u64,
+    /// Concurrent requests in flight (closed loop: one task per request in flight).
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// mTLS channels (HTTP/2 connections) the tasks share, alternating members.
+    #[arg(long, default_value_t = 4)]
+    channels: usize,
+    /// The server's batch delay (`aether serve --batch-delay-us`).
+    #[arg(long, default_value_t = 2000)]
+    batch_delay_us: u64,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Keep the temp directory and the scratch database (to look at them afterwards).
+    #[arg(long)]
+    keep: bool,
+}
+
+#[derive(Subcommand)]
+enum ClearingMode {
+    /// The load client (started by the bench in its own process).
+    #[command(hide = true)]
+    Client(ClientArgs),
+}
+
+#[derive(Args, Clone)]
+struct ClientArgs {
+    /// Data directory of the server (development PKI and envelope public key).
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// `https://…` of the clearing gateway.
+    #[arg(long)]
+    gateway: String,
+    /// `https://…` of the echo server.
+    #[arg(long)]
+    echo: Option<String>,
+    #[arg(long)]
+    gateway_pid: Option<u32>,
+    #[arg(long)]
+    echo_pid: Option<u32>,
+    /// The server's PostgreSQL database: CPU of its backends is reported.
+    #[arg(long)]
+    database_name: Option<String>,
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    #[arg(long, default_value_t = 4)]
+    channels: usize,
+    #[arg(long, default_value_t = 20)]
+    duration_secs: u64,
+    #[arg(long, default_value_t = 5)]
+    warmup_secs: u64,
+}
+
+pub async fn run(b: ClearingBench) -> anyhow::Result<()> {
+    match b.mode {
+        Some(ClearingMode::Client(args)) => client_main(args).await,
+        None => driver(b).await,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Results
+
+/// One target's measurement, as the load client reports it.
+#[derive(Serialize, Deserialize, Debug, Clone, Default)]
+struct PhaseResult {
+    target: String,
+    concurrency: usize,
+    channels: usize,
+    warmup_secs: u64,
+    duration_secs: u64,
+    /// Successful requests completed in the measured interval.
+    ok: u64,
+    requests_per_sec: f64,
+    mean_ms: f64,
+    p50_ms: f64,
+    p90_ms: f64,
+    p99_ms: f64,
+    p999_ms: f64,
+    max_ms: f64,
+    /// RESOURCE_EXHAUSTED answers (load shed by the server) in the measured interval.
+    shed: u64,
+    /// Other failures in the measured interval, by gRPC code.
+    errors: BTreeMap<String, u64>,
+    /// First failure message seen, for the report.
+    first_error: Option<String>,
+    /// Mean sealed sizes on the wire (ciphertext with tag), bytes.
+    request_bytes: u64,
+    response_bytes: u64,
+    /// Decisions in the measured interval (gateway only).
+    decisions: BTreeMap<String, u64>,
+    replayed: u64,
+    /// Highest ledger seq in a receipt (gateway only).
+    max_receipt_seq: u64,
+    /// Completions per second of the measured interval.
+    per_second: Vec<u64>,
+    /// CPU seconds over the measured interval: this client, the server process, and the
+    /// PostgreSQL backends of the server's database (backends that exited in between are
+    /// missed, ones that started in between count whole).
+    client_cpu_secs: Option<f64>,
+    server_cpu_secs: Option<f64>,
+    postgres_cpu_secs: Option<f64>,
+    /// Busy share of all cores over the measured interval (whole machine).
+    machine_busy: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct Report {
+    command: String,
+    database: String,
+    build: &'static str,
+    cores: usize,
+    loadavg_before: Option<String>,
+    loadavg_after: Option<String>,
+    batch_delay_us: u64,
+    gateway: PhaseResult,
+    echo: Option<PhaseResult>,
+    ratio_to_echo: Option<f64>,
+    targets: Vec<Verdict>,
+}
+
+#[derive(Serialize)]
+struct Verdict {
+    target: String,
+    measured: String,
+    met: bool,
+}
+
+// ---------------------------------------------------------------------------------------
+// The driver
+
+async fn driver(b: ClearingBench) -> anyhow::Result<()> {
+    if b.concurrency == 0 || b.channels == 0 || b.duration_secs == 0 {
+        bail!("--concurrency, --channels and --duration-secs must be positive");
+    }
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let loadavg_before = loadavg();
+    let tmp = tempfile::Builder::new()
+        .prefix("aether-bench-clearing-")
+        .tempdir()
+        .context("cannot create a temp directory")?;
+    let data = tmp.path().join("data");
+    let scratch = match b.database_url.as_deref() {
+        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+            Some(ScratchDb::create(url).await?)
+        }
+        Some(url) if !url.is_empty() && !url.starts_with("sqlite:") => {
+            bail!("--database-url must be postgres://… or sqlite:")
+        }
+        _ => None,
+    };
+    let database = match &scratch {
+        Some(db) => format!("PostgreSQL {}", redact_url(&db.url)),
+        None => {
+            "SQLite (in the temp data directory; the issue's targets are for PostgreSQL)".into()
+        }
+    };
+    say(b.json, &format!("# aether bench clearing on {database}"));
+
+    let result = measure(
+        &b,
+        &data,
+        tmp.path(),
+        scratch.as_ref().map(|s| (s.url.as_str(), s.name.as_str())),
+    )
+    .await;
+    if b.keep {
+        let kept = tmp.keep();
+        eprintln!("kept {}", kept.display());
+        if let Some(db) = &scratch {
+            eprintln!("kept {}", redact_url(&db.url));
+        }
+    } else if let Some(db) = scratch {
+        db.drop().await;
+    }
+    let (gateway, echo) = result?;
+
+    let ratio = echo
+        .as_ref()
+        .filter(|e| e.requests_per_sec > 0.0)
+        .map(|e| gateway.requests_per_sec / e.requests_per_sec);
+    let mut targets = vec![
+        Verdict {
+            target: format!("throughput ≥ {TARGET_RPS:.0} requests/s"),
+            measured: format!("{:.0} requests/s", gateway.requests_per_sec),
+            met: gateway.requests_per_sec >= TARGET_RPS,
+        },
+        Verdict {
+            target: format!("p99 ≤ {TARGET_P99_MS:.0} ms"),
+            measured: format!("{:.2} ms", gateway.p99_ms),
+            met: gateway.ok > 0 && gateway.p99_ms <= TARGET_P99_MS,
+        },
+    ];
+    if let Some(r) = ratio {
+        targets.push(Verdict {
+            target: format!("≥ {TARGET_RATIO} of the echo's throughput"),
+            measured: format!("{r:.3}"),
+            met: r >= TARGET_RATIO,
+        });
+    }
+    let report = Report {
+        command,
+        database,
+        build: if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        loadavg_before,
+        loadavg_after: loadavg(),
+        batch_delay_us: b.batch_delay_us,
+        gateway,
+        echo,
+        ratio_to_echo: ratio,
+        targets,
+    };
+    if b.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_table(&report);
+    }
+    Ok(())
+}
+
+fn say(json: bool, line: &str) {
+    if json {
+        eprintln!("{line}");
+    } else {
+        println!("{line}");
+    }
+}
+
+/// Starts the server, sets up the engine, starts the echo server, runs the client.
+async fn measure(
+    b: &ClearingBench,
+    data: &Path,
+    tmp: &Path,
+    database: Option<(&str, &str)>,
+) -> anyhow::Result<(PhaseResult, Option<PhaseResult>)> {
+    let operator = format!("bench-operator-{}", uuid::Uuid::now_v7().simple());
+    let regulator = format!("bench-regulator-{}", uuid::Uuid::now_v7().simple());
+    let log_path = tmp.join("serve.log");
+    let mut server = ServeChild::start(
+        data,
+        &log_path,
+        database.map(|(url, _)| url),
+        &format!("operator:{operator},regulator:{regulator}"),
+        b.batch_delay_us,
+    )
+    .await?;
+    say(
+        b.json,
+        &format!(
+            "server pid {} at {} and {} (log {})",
+            server.pid,
+            server.http,
+            server.grpc,
+            log_path.display()
+        ),
+    );
+    let outcome = async {
+        setup_engine(&server.http, tmp, &operator, &regulator).await?;
+        let answer_len = probe(&server.grpc, data).await?;
+        say(
+            b.json,
+            &format!("engine active; a probe trade was cleared (sealed answer {answer_len} bytes)"),
+        );
+        let (echo_url, echo_stop) = start_echo(data, answer_len).await?;
+        let database_name = database.map(|(_, name)| name);
+        let client = run_client(b, data, &server.grpc, &echo_url, server.pid, database_name).await;
+        let _ = echo_stop.send(true);
+        client
+    }
+    .await;
+    server.stop().await;
+    outcome.map_err(|e| {
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(20).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        e.context(format!("the server's log ends:\n{}", tail.join("\n")))
+    })
+}
+
+/// A running `aether serve` child process.
+struct ServeChild {
+    child: tokio::process::Child,
+    pid: u32,
+    http: String,
+    grpc: String,
+}
+
+impl ServeChild {
+    async fn start(
+        data: &Path,
+        log_path: &Path,
+        database_url: Option<&str>,
+        tokens: &str,
+        batch_delay_us: u64,
+    ) -> anyhow::Result<ServeChild> {
+        let exe = std::env::current_exe().context("cannot find the aether binary")?;
+        let log = std::fs::File::create(log_path)
+            .with_context(|| format!("cannot create {}", log_path.display()))?;
+        let mut cmd = tokio::process::Command::new(exe);
+        cmd.arg("serve")
+            .arg("--data-dir")
+            .arg(data)
+            .args(["--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0"])
+            .arg("--batch-delay-us")
+            .arg(batch_delay_us.to_string())
+            .env("AETHER_TOKENS", tokens)
+            .env_remove("AETHER_TOKENS_FILE")
+            .env("AETHER_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .kill_on_drop(true);
+        match database_url {
+            Some(url) => cmd.env("DATABASE_URL", url),
+            None => cmd.env_remove("DATABASE_URL"),
+        };
+        let mut child = cmd.spawn().context("cannot start aether serve")?;
+        let pid = child.id().unwrap_or(0);
+        let stdout = child.stdout.take().context("no stdout from aether serve")?;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            let mut http = None;
+            let mut tx = Some(tx);
+            // Keeps reading to the end so the server never blocks on a full pipe.
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(url) = line.strip_prefix("aether listening on ") {
+                    http = Some(url.trim().to_owned());
+                }
+                if let (Some(url), Some(grpc)) = (&http, line.strip_prefix("aether clearing on "))
+                    && let Some(tx) = tx.take()
+                {
+                    let _ = tx.send((url.clone(), grpc.trim().to_owned()));
+                }
+            }
+        });
+        let started = tokio::time::timeout(Duration::from_secs(180), rx).await;
+        match started {
+            Ok(Ok((http, grpc))) => Ok(ServeChild {
+                child,
+                pid,
+                http,
+                grpc,
+            }),
+            _ => {
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+                bail!("aether serve did not announce its HTTP and gRPC addresses within 180 s")
+            }
+        }
+    }
+
+    async fn stop(&mut self) {
+        let _ = self.child.start_kill();
+        let _ = self.child.wait().await;
+    }
+}
+
+/// Registers the reference model, ingests aml_v2 and a corpus document, activates the
+/// engine and waits until it is active (as `tests/tests/clearing_e2e.rs` does).
+async fn setup_engine(
+    http: &str,
+    tmp: &Path,
+    operator: &str,
+    regulator: &str,
+) -> anyhow::Result<()> {
+    let installed =
+        reference::install(&tmp.join("model")).context("cannot install the reference model")?;
+    let uri = installed
+        .weights_path
+        .to_str()
+        .context("the temp path is not UTF-8")?
+        .to_owned();
+    let model = serde_json::json!({
+        "ref": REFERENCE_MODEL_REF,
+        "uri": uri,
+        "digest": installed.digest,
+        "feature_schema": {"schema": "aether.features.v1"},
+    });
+    expect(
+        post_json(http, "/v1/models", operator, &model).await?,
+        201,
+        "register the model",
+    )?;
+    expect(
+        http_request(
+            http,
+            "POST",
+            "/v1/policy/ingest",
+            operator,
+            Some(("application/yaml", AML_POLICY.as_bytes())),
+        )
+        .await?,
+        201,
+        "ingest aml_v2",
+    )?;
+    let corpus = serde_json::json!({
+        "name": "sg-clearing",
+        "documents": [{"id": "threshold-reporting", "text": CORPUS_DOC}],
+    });
+    expect(
+        post_json(http, "/v1/corpus/ingest", operator, &corpus).await?,
+        201,
+        "ingest the corpus",
+    )?;
+    let activate = serde_json::json!({
+        "model_ref": REFERENCE_MODEL_REF,
+        "traffic_weight": 1.0,
+        "policy_hooks": ["aml_v2"],
+    });
+    expect(
+        post_json(http, "/v1/engine/activate", operator, &activate).await?,
+        202,
+        "activate the engine",
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (status, body) = http_request(http, "GET", "/v1/engines", regulator, None).await?;
+        if status == 200 {
+            let doc: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            match doc["engines"][0]["status"].as_str() {
+                Some("active") => return Ok(()),
+                Some("failed") => bail!("the engine activation failed: {doc}"),
+                _ => {}
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("the engine did not become active within 120 s (last answer {status}: {body})");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn expect(answer: (u16, String), status: u16, what: &str) -> anyhow::Result<()> {
+    if answer.0 != status {
+        bail!(
+            "cannot {what}: HTTP {} (expected {status}): {}",
+            answer.0,
+            answer.1
+        );
+    }
+    Ok(())
+}
+
+/// One trade through the real client module: checks the setup and measures the size of
+/// a sealed answer, which the echo server then sends back for every request.
+async fn probe(grpc: &str, data: &Path) -> anyhow::Result<usize> {
+    let layout = PkiLayout::new(data);
+    let member = MEMBERS[0];
+    let mut client = ClearingClient::connect(
+        grpc,
+        &TlsPaths::client(&layout, Role::Member, member),
+        &data.join("keys").join("envelope.pub.pem"),
+        member,
+    )
+    .await?;
+    client.key_exchange().await?;
+    let mut rng = SplitMix(u64::MAX);
+    let request = trade_request(&mut rng, member, &value_date());
+    let answer = client
+        .submit(&format!("probe-{}", uuid::Uuid::now_v7()), &request)
+        .await
+        .context("the probe trade failed")?;
+    if answer.receipt.as_ref().is_none_or(|r| r.seq == 0) {
+        bail!("the probe's answer has no receipt: {answer:?}");
+    }
+    // Ciphertext = the encoded answer plus the 16-byte GCM tag.
+    Ok(answer.encoded_len() + aether_gateway::envelope::TAG_LEN)
+}
+
+/// Spawns the load client and collects its results.
+async fn run_client(
+    b: &ClearingBench,
+    data: &Path,
+    gateway: &str,
+    echo: &str,
+    gateway_pid: u32,
+    database_name: Option<&str>,
+) -> anyhow::Result<(PhaseResult, Option<PhaseResult>)> {
+    let exe = std::env::current_exe().context("cannot find the aether binary")?;
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.args(["bench", "clearing", "client", "--data-dir"])
+        .arg(data)
+        .args(["--gateway", gateway, "--echo", echo])
+        .args(["--gateway-pid", &gateway_pid.to_string()])
+        .args(["--echo-pid", &std::process::id().to_string()])
+        .args(["--concurrency", &b.concurrency.to_string()])
+        .args(["--channels", &b.channels.to_string()])
+        .args(["--duration-secs", &b.duration_secs.to_string()])
+        .args(["--warmup-secs", &b.warmup_secs.to_string()])
+        .env_remove("DATABASE_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true);
+    if let Some(name) = database_name {
+        cmd.args(["--database-name", name]);
+    }
+    let child = cmd.spawn().context("cannot start the load client")?;
+    let out = child.wait_with_output().await?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut results: Vec<PhaseResult> = Vec::new();
+    for line in stdout.lines() {
+        if let Some(json) = line.strip_prefix(RESULT_PREFIX) {
+            results.push(serde_json::from_str(json).context("unreadable client result")?);
+        }
+    }
+    if !out.status.success() {
+        bail!("the load client failed ({})", out.status);
+    }
+    let gateway = results
+        .iter()
+        .find(|r| r.target == "gateway")
+        .cloned()
+        .context("the load client reported no gateway result")?;
+    let echo = results.into_iter().find(|r| r.target == "echo");
+    Ok((gateway, echo))
+}
+
+fn print_table(r: &Report) {
+    println!(
+        "\n{} build, {} cores, load average before {} / after {}; batch delay {} µs\n",
+        r.build,
+        r.cores,
+        r.loadavg_before.as_deref().unwrap_or("?"),
+        r.loadavg_after.as_deref().unwrap_or("?"),
+        r.batch_delay_us
+    );
+    println!(
+        "| target | requests/s | p50 ms | p99 ms | p99.9 ms | max ms | shed | errors | req/resp bytes | client CPU s | server CPU s | postgres CPU s | machine busy |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let secs = |v: Option<f64>| v.map_or("—".to_owned(), |v| format!("{v:.1}"));
+    for p in std::iter::once(&r.gateway).chain(r.echo.iter()) {
+        println!(
+            "| {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {}/{} | {} | {} | {} | {} |",
+            p.target,
+            p.requests_per_sec,
+            p.p50_ms,
+            p.p99_ms,
+            p.p999_ms,
+            p.max_ms,
+            p.shed,
+            p.errors.values().sum::<u64>(),
+            p.request_bytes,
+            p.response_bytes,
+            secs(p.client_cpu_secs),
+            secs(p.server_cpu_secs),
+            secs(p.postgres_cpu_secs),
+            p.machine_busy
+                .map_or("—".to_owned(), |v| format!("{:.0} %", v * 100.0)),
+        );
+    }
+    let g = &r.gateway;
+    println!(
+        "\ngateway: {} ok in {} s after {} s warm-up, {} tasks over {} channels; decisions {:?}, replayed {}, highest receipt seq {}",
+        g.ok,
+        g.duration_secs,
+        g.warmup_secs,
+        g.concurrency,
+        g.channels,
+        g.decisions,
+        g.replayed,
+        g.max_receipt_seq
+    );
+    println!("gateway completions per second: {:?}", g.per_second);
+    if !g.errors.is_empty() {
+        println!(
+            "gateway errors: {:?} (first: {})",
+            g.errors,
+            g.first_error.as_deref().unwrap_or("")
+        );
+    }
+    if let Some(e) = &r.echo {
+        println!("echo completions per second: {:?}", e.per_second);
+        if !e.errors.is_empty() {
+            println!(
+                "echo errors: {:?} (first: {})",
+                e.errors,
+                e.first_error.as_deref().unwrap_or("")
+            );
+        }
+    }
+    if let Some(ratio) = r.ratio_to_echo {
+        println!("ratio gateway / echo: {ratio:.3}");
+    }
+    println!("\n| target | measured | verdict |\n|---|---|---|");
+    for v in &r.targets {
+        println!(
+            "| {} | {} | {} |",
+            v.target,
+            v.measured,
+            if v.met { "met" } else { "**not met**" }
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The echo server: same TLS 1.3 acceptor and PKI as the gateway, no work at all.
+
+struct Echo {
+    /// Every answer is padded to this many bytes, the size of a real sealed answer.
+    answer_len: usize,
+}
+
+#[tonic::async_trait]
+impl ClearingService for Echo {
+    async fn key_exchange(
+        &self,
+        _request: Request<KeyExchangeRequest>,
+    ) -> Result<Response<KeyExchangeResponse>, Status> {
+        Ok(Response::new(KeyExchangeResponse {
+            key_id: "echo".into(),
+            expires_at_unix_ms: i64::MAX,
+            max_uses: u64::MAX,
+        }))
+    }
+
+    async fn submit(
+        &self,
+        request: Request<SealedRequest>,
+    ) -> Result<Response<SealedResponse>, Status> {
+        let sealed = request.into_inner();
+        let mut ciphertext = sealed.ciphertext;
+        ciphertext.resize(ciphertext.len().max(self.answer_len), 0);
+        Ok(Response::new(SealedResponse {
+            request_id: sealed.request_id,
+            nonce: sealed.nonce,
+            ciphertext,
+            issued_at: sealed.issued_at,
+        }))
+    }
+
+    async fn submit_batch(
+        &self,
+        _request: Request<SealedBatchRequest>,
+    ) -> Result<Response<SealedBatchResponse>, Status> {
+        Err(Status::unimplemented("the echo server answers Submit only"))
+    }
+
+    type SubmitStreamStream = futures::stream::Empty<Result<SealedResponse, Status>>;
+
+    async fn submit_stream(
+        &self,
+        _request: Request<Streaming<SealedRequest>>,
+    ) -> Result<Response<Self::SubmitStreamStream>, Status> {
+        Err(Status::unimplemented("the echo server answers Submit only"))
+    }
+}
+
+/// Serves the echo on a free port with the server's own certificate from `data`.
+async fn start_echo(
+    data: &Path,
+    answer_len: usize,
+) -> anyhow::Result<(String, tokio::sync::watch::Sender<bool>)> {
+    let tls = ServerTls::load(&TlsPaths::server(&PkiLayout::new(data)))?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let incoming = tls.incoming(listener);
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        let result = tonic::transport::Server::builder()
+            .add_service(ClearingServiceServer::new(Echo { answer_len }))
+            .serve_with_incoming_shutdown(incoming, async move {
+                let _ = stop_rx.changed().await;
+            })
+            .await;
+        if let Err(e) = result {
+            eprintln!("the echo server stopped: {e}");
+        }
+    });
+    Ok((format!("https://{addr}"), stop_tx))
+}
+
+// ---------------------------------------------------------------------------------------
+// The load client
+
+async fn client_main(args: ClientArgs) -> anyhow::Result<()> {
+    if args.concurrency == 0 || args.channels == 0 || args.duration_secs == 0 {
+        bail!("--concurrency, --channels and --duration-secs must be positive");
+    }
+    let pem = std::fs::read_to_string(args.data_dir.join("keys").join("envelope.pub.pem"))
+        .context("cannot read the gateway's envelope public key")?;
+    let server_key = Arc::new(
+        sm2::PublicKey::from_public_key_pem(&pem)
+            .map_err(|e| anyhow::anyhow!("the envelope public key is unusable: {e}"))?,
+    );
+    let run_id = uuid::Uuid::now_v7().simple().to_string();
+    let mut targets = Vec::new();
+    if let Some(echo) = &args.echo {
+        targets.push((Target::Echo, echo.clone(), args.echo_pid));
+    }
+    targets.push((Target::Gateway, args.gateway.clone(), args.gateway_pid));
+    for (i, (target, url, pid)) in targets.into_iter().enumerate() {
+        if i > 0 {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        eprintln!(
+            "{}: {} tasks over {} channels, {} s warm-up + {} s measured…",
+            target.name(),
+            args.concurrency,
+            args.channels,
+            args.warmup_secs,
+            args.duration_secs
+        );
+        let result = phase(&args, target, &url, pid, server_key.clone(), &run_id).await?;
+        println!("{RESULT_PREFIX}{}", serde_json::to_string(&result)?);
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Target {
+    Gateway,
+    Echo,
+}
+
+impl Target {
+    fn name(self) -> &'static str {
+        match self {
+            Target::Gateway => "gateway",
+            Target::Echo => "echo",
+        }
+    }
+}
+
+/// What one task saw in the measured interval.
+#[derive(Default)]
+struct TaskStats {
+    latencies_us: Vec<u32>,
+    per_second: Vec<u64>,
+    shed: u64,
+    errors: BTreeMap<String, u64>,
+    first_error: Option<String>,
+    request_bytes: u64,
+    response_bytes: u64,
+    decisions: BTreeMap<String, u64>,
+    replayed: u64,
+    max_receipt_seq: u64,
+}
+
+async fn connect(
+    url: &str,
+    data: &Path,
+    member: &str,
+) -> anyhow::Result<ClearingServiceClient<Channel>> {
+    let tls = client_tls_config(&TlsPaths::client(
+        &PkiLayout::new(data),
+        Role::Member,
+        member,
+    ))?;
+    let channel = Endpoint::from_shared(url.to_owned())?
+        .tls_config(tls)?
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .with_context(|| format!("cannot connect to {url}"))?;
+    Ok(ClearingServiceClient::new(channel))
+}
+
+async fn phase(
+    args: &ClientArgs,
+    target: Target,
+    url: &str,
+    server_pid: Option<u32>,
+    server_key: Arc<sm2::PublicKey>,
+    run_id: &str,
+) -> anyhow::Result<PhaseResult> {
+    let mut channels = Vec::with_capacity(args.channels);
+    for i in 0..args.channels {
+        let member = MEMBERS[i % MEMBERS.len()];
+        channels.push((connect(url, &args.data_dir, member).await?, member));
+    }
+    let measure_from = tokio::time::Instant::now() + Duration::from_secs(args.warmup_secs);
+    let measure_to = measure_from + Duration::from_secs(args.duration_secs);
+    let date = value_date();
+    let mut tasks = Vec::with_capacity(args.concurrency);
+    for t in 0..args.concurrency {
+        let (grpc, member) = channels[t % channels.len()].clone();
+        let ctx = TaskCtx {
+            grpc,
+            member,
+            target,
+            server_key: server_key.clone(),
+            prefix: format!("{run_id}-{}-{t}", target.name()),
+            seed: t as u64,
+            date: date.clone(),
+            measure_from,
+            measure_to,
+            secs: args.duration_secs,
+        };
+        tasks.push(tokio::spawn(load_task(ctx)));
+    }
+    // CPU use over the measured interval only.
+    tokio::time::sleep_until(measure_from).await;
+    let database = args.database_name.as_deref();
+    let before = CpuSnapshot::take(server_pid, database);
+    tokio::time::sleep_until(measure_to).await;
+    let after = CpuSnapshot::take(server_pid, database);
+    let mut all = TaskStats {
+        per_second: vec![0; args.duration_secs as usize],
+        ..TaskStats::default()
+    };
+    for task in tasks {
+        let s = task.await.context("a load task panicked")??;
+        all.latencies_us.extend(s.latencies_us);
+        for (a, b) in all.per_second.iter_mut().zip(&s.per_second) {
+            *a += b;
+        }
+        all.shed += s.shed;
+        for (k, v) in s.errors {
+            *all.errors.entry(k).or_default() += v;
+        }
+        all.first_error = all.first_error.or(s.first_error);
+        all.request_bytes += s.request_bytes;
+        all.response_bytes += s.response_bytes;
+        for (k, v) in s.decisions {
+            *all.decisions.entry(k).or_default() += v;
+        }
+        all.replayed += s.replayed;
+        all.max_receipt_seq = all.max_receipt_seq.max(s.max_receipt_seq);
+    }
+    let mut lat = all.latencies_us;
+    lat.sort_unstable();
+    let ok = lat.len() as u64;
+    let pct = |p: f64| -> f64 {
+        if lat.is_empty() {
+            return 0.0;
+        }
+        // Nearest rank: the smallest value with at least p of the samples at or below it.
+        let rank = ((p * lat.len() as f64).ceil() as usize).clamp(1, lat.len());
+        f64::from(lat[rank - 1]) / 1000.0
+    };
+    let mean_ms = if lat.is_empty() {
+        0.0
+    } else {
+        lat.iter().map(|&l| u64::from(l)).sum::<u64>() as f64 / lat.len() as f64 / 1000.0
+    };
+    let cpu = |f: fn(&CpuSnapshot) -> Option<u64>| -> Option<f64> {
+        Some((f(&after)?.saturating_sub(f(&before)?)) as f64 / CLOCK_TICKS)
+    };
+    let machine_busy = match (before.machine, after.machine) {
+        (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => {
+            Some(b1.saturating_sub(b0) as f64 / (t1 - t0) as f64)
+        }
+        _ => None,
+    };
+    Ok(PhaseResult {
+        target: target.name().into(),
+        concurrency: args.concurrency,
+        channels: args.channels,
+        warmup_secs: args.warmup_secs,
+        duration_secs: args.duration_secs,
+        ok,
+        requests_per_sec: ok as f64 / args.duration_secs as f64,
+        mean_ms,
+        p50_ms: pct(0.5),
+        p90_ms: pct(0.9),
+        p99_ms: pct(0.99),
+        p999_ms: pct(0.999),
+        max_ms: lat.last().map_or(0.0, |&l| f64::from(l) / 1000.0),
+        shed: all.shed,
+        errors: all.errors,
+        first_error: all.first_error,
+        request_bytes: all.request_bytes.checked_div(ok).unwrap_or(0),
+        response_bytes: all.response_bytes.checked_div(ok).unwrap_or(0),
+        decisions: all.decisions,
+        replayed: all.replayed,
+        max_receipt_seq: all.max_receipt_seq,
+        per_second: all.per_second,
+        client_cpu_secs: cpu(|s| s.client),
+        server_cpu_secs: cpu(|s| s.server),
+        postgres_cpu_secs: cpu(|s| s.postgres),
+        machine_busy,
+    })
+}
+
+struct TaskCtx {
+    grpc: ClearingServiceClient<Channel>,
+    member: &'static str,
+    target: Target,
+    server_key: Arc<sm2::PublicKey>,
+    prefix: String,
+    seed: u64,
+    date: String,
+    measure_from: tokio::time::Instant,
+    measure_to: tokio::time::Instant,
+    secs: u64,
+}
+
+/// One closed-loop task: a session key, then one request at a time until the end.
+async fn load_task(mut c: TaskCtx) -> anyhow::Result<TaskStats> {
+    let mut stats = TaskStats {
+        per_second: vec![0; c.secs as usize],
+        ..TaskStats::default()
+    };
+    let key = Sm4Key::generate()?;
+    let wrapped = wrap_key(&c.server_key, &key)?;
+    let key_id = c
+        .grpc
+        .key_exchange(KeyExchangeRequest {
+            wrapped_key: wrapped.to_vec(),
+        })
+        .await
+        .context("KeyExchange failed")?
+        .into_inner()
+        .key_id;
+    let mut rng = SplitMix(c.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xA5A5);
+    let mut n = 0u64;
+    while tokio::time::Instant::now() < c.measure_to {
+        n += 1;
+        let request_id = format!("{}-{n}", c.prefix);
+        let body = trade_request(&mut rng, c.member, &c.date).encode_to_vec();
+        let begun = tokio::time::Instant::now();
+        let issued_at = unix_now();
+        let aad = Aad {
+            direction: Direction::Request,
+            method: METHOD_SUBMIT,
+            request_id: &request_id,
+            member_id: c.member,
+            key_id: &key_id,
+            issued_at,
+        };
+        let sealed = seal(&key, &aad, &body)?;
+        let request_bytes = sealed.ciphertext.len() as u64;
+        let call = c
+            .grpc
+            .submit(SealedRequest {
+                member_id: c.member.to_owned(),
+                request_id: request_id.clone(),
+                key_id: key_id.clone(),
+                nonce: sealed.nonce.to_vec(),
+                ciphertext: sealed.ciphertext,
+                issued_at,
+            })
+            .await;
+        let outcome = match call {
+            Ok(response) => {
+                let response = response.into_inner();
+                let size = response.ciphertext.len() as u64;
+                match c.target {
+                    Target::Echo => {
+                        if response.request_id == request_id {
+                            Ok((size, None))
+                        } else {
+                            Err(("BAD_ANSWER".to_owned(), "wrong request id".to_owned()))
+                        }
+                    }
+                    Target::Gateway => open(
+                        &key,
+                        &aad.response(response.issued_at),
+                        &response.nonce,
+                        &response.ciphertext,
+                    )
+                    .map_err(|e| e.to_string())
+                    .and_then(|p| ClearingAnswer::decode(p.as_slice()).map_err(|e| e.to_string()))
+                    .map(|a| (size, Some(a)))
+                    .map_err(|e| ("BAD_ANSWER".to_owned(), e)),
+                }
+            }
+            Err(status) => Err((code_name(status.code()), status.message().to_owned())),
+        };
+        let done = tokio::time::Instant::now();
+        let measured = done >= c.measure_from && done < c.measure_to;
+        match outcome {
+            Ok((size, answer)) => {
+                if !measured {
+                    continue;
+                }
+                let micros = done.duration_since(begun).as_micros();
+                stats
+                    .latencies_us
+                    .push(u32::try_from(micros).unwrap_or(u32::MAX));
+                let second = done.duration_since(c.measure_from).as_secs() as usize;
+                if let Some(slot) = stats.per_second.get_mut(second) {
+                    *slot += 1;
+                }
+                stats.request_bytes += request_bytes;
+                stats.response_bytes += size;
+                if let Some(a) = answer {
+                    let name = Decision::try_from(a.decision)
+                        .map(|d| d.as_str_name().to_owned())
+                        .unwrap_or_else(|_| a.decision.to_string());
+                    *stats.decisions.entry(name).or_default() += 1;
+                    stats.replayed += u64::from(a.replayed);
+                    if let Some(r) = &a.receipt {
+                        stats.max_receipt_seq = stats.max_receipt_seq.max(r.seq);
+                    }
+                }
+            }
+            Err((code, message)) => {
+                if measured {
+                    if code == "RESOURCE_EXHAUSTED" {
+                        stats.shed += 1;
+                    } else {
+                        *stats.errors.entry(code.clone()).or_default() += 1;
+                    }
+                    if stats.first_error.is_none() {
+                        stats.first_error = Some(format!("{code}: {message}"));
+                    }
+                }
+                // A refused request is retried as a new one after a short pause, so that a
+                // failing server is not hammered in a tight loop.
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    }
+    Ok(stats)
+}
+
+/// `RESOURCE_EXHAUSTED` for `Code::ResourceExhausted`.
+fn code_name(code: tonic::Code) -> String {
+    let mut out = String::new();
+    for (i, ch) in format!("{code:?}").chars().enumerate() {
+        if ch.is_ascii_uppercase() && i > 0 {
+            out.push('_');
+        }
+        out.push(ch.to_ascii_uppercase());
+    }
+    out
+}
+
+/// Settlement date T+2, as members send it.
+fn value_date() -> String {
+    (chrono::Utc::now() + chrono::Duration::days(2))
+        .format("%Y-%m-%d")
+        .to_string()
+}
+
+/// A small deterministic generator (SplitMix64) for the trades.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// A realistic small trade: the member buys from one of 200 counterparties, 100.00 to
+/// 50,000.00 (log-uniform) in one of four currencies, mostly Singapore; about one trade
+/// in a hundred is above the reporting threshold (the rules hold it).
+fn trade_request(rng: &mut SplitMix, member: &str, value_date: &str) -> ClearingRequest {
+    const CURRENCIES: [&str; 4] = ["SGD", "SGD", "USD", "EUR"];
+    const JURISDICTIONS: [&str; 5] = ["SG", "SG", "SG", "HK", "GB"];
+    let amount_minor = if rng.below(100) == 0 {
+        12_000_000 + rng.below(5_000_000) as i64
+    } else {
+        (10_000.0 * 500f64.powf(rng.unit())) as i64
+    };
+    ClearingRequest {
+        trade: Some(Trade {
+            buyer: member.to_owned(),
+            seller: format!("cp-{:03}", rng.below(200)),
+            instrument: format!("SG{:010}", rng.below(50)),
+            currency: CURRENCIES[rng.below(CURRENCIES.len() as u64) as usize].to_owned(),
+            amount_minor,
+            value_date: value_date.to_owned(),
+            jurisdiction: JURISDICTIONS[rng.below(JURISDICTIONS.len() as u64) as usize].to_owned(),
+            counterparty_tier: 1 + rng.below(3) as u32,
+        }),
+        ..ClearingRequest::default()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// CPU accounting from /proc (Linux; absent elsewhere)
+
+/// `sysconf(_SC_CLK_TCK)` on Linux x86-64 and aarch64.
+const CLOCK_TICKS: f64 = 100.0;
+
+struct CpuSnapshot {
+    client: Option<u64>,
+    server: Option<u64>,
+    postgres: Option<u64>,
+    /// (busy, total) jiffies of all cores.
+    machine: Option<(u64, u64)>,
+}
+
+impl CpuSnapshot {
+    fn take(server: Option<u32>, database: Option<&str>) -> CpuSnapshot {
+        CpuSnapshot {
+            client: process_ticks("self"),
+            server: server.and_then(|p| process_ticks(&p.to_string())),
+            postgres: database.and_then(postgres_ticks),
+            machine: machine_ticks(),
+        }
+    }
+}
+
+/// utime + stime of a process, in clock ticks.
+fn process_ticks(pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces) in parentheses.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line: 11 and 12 after the name.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// CPU of the PostgreSQL backends serving `database` (their process titles name it).
+/// Shared background processes (WAL writer, checkpointer) are not counted.
+fn postgres_ticks(database: &str) -> Option<u64> {
+    let mut total = 0;
+    let mut found = false;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+        if comm.trim() != "postgres" {
+            continue;
+        }
+        let title = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&title).contains(database)
+            && let Some(t) = process_ticks(pid)
+        {
+            total += t;
+            found = true;
+        }
+    }
+    found.then_some(total)
+}
+
+fn machine_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?.strip_prefix("cpu ")?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is inside user).
+    let total: u64 = v.iter().take(8).sum();
+    let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
+    Some((total.saturating_sub(idle), total))
+}
+
+fn loadavg() -> Option<String> {
+    let s = std::fs::read_to_string("/proc/loadavg").ok()?;
+    Some(s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+}
+
+// ---------------------------------------------------------------------------------------
+// A scratch PostgreSQL database and a minimal HTTP/1.1 client for the setup calls
+
+struct ScratchDb {
+    url: String,
+    base: String,
+    name: String,
+}
+
+impl ScratchDb {
+    async fn create(base: &str) -> anyhow::Result<ScratchDb> {
+        let name = format!("aether_bench_clearing_{}", uuid::Uuid::now_v7().simple());
+        let mut conn = PgConnection::connect(base)
+            .await
+            .with_context(|| format!("cannot connect to {}", redact_url(base)))?;
+        sqlx::raw_sql(&format!("CREATE DATABASE {name}"))
+            .execute(&mut conn)
+            .await
+            .context("CREATE DATABASE (the bench needs a role that may create databases)")?;
+        conn.close().await?;
+        Ok(ScratchDb {
+            url: with_database(base, &name),
+            base: base.to_owned(),
+            name,
+        })
+    }
+
+    async fn drop(self) {
+        if let Ok(mut conn) = PgConnection::connect(&self.base).await {
+            let _ = sqlx::raw_sql(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ))
+            .execute(&mut conn)
+            .await;
+        }
+    }
+}
+
+/// `url` with its database path replaced by `name` (query string kept).
+fn with_database(url: &str, name: &str) -> String {
+    let (base, query) = url
+        .split_once('?')
+        .map_or((url, None), |(b, q)| (b, Some(q)));
+    let start = base.find("://").map_or(0, |i| i + 3);
+    let path = base[start..].find('/').map_or(base.len(), |i| start + i);
+    let mut out = format!("{}/{name}", &base[..path]);
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    out
+}
+
+async fn post_json(
+    base: &str,
+    path: &str,
+    token: &str,
+    body: &serde_json::Value,
+) -> anyhow::Result<(u16, String)> {
+    let bytes = serde_json::to_vec(body)?;
+    http_request(
+        base,
+        "POST",
+        path,
+        token,
+        Some(("application/json", bytes.as_slice())),
+    )
+    .await
+}
+
+/// One HTTP/1.1 request on a fresh connection (`Connection: close`); returns the status
+/// and the body. Enough for a handful of setup calls to the local server.
+async fn http_request(
+    base: &str,
+    method: &str,
+    path: &str,
+    token: &str,
+    body: Option<(&str, &[u8])>,
+) -> anyhow::Result<(u16, String)> {
+    let host = base
+        .strip_prefix("http://")
+        .context("the server's HTTP address is not http://")?
+        .trim_end_matches('/');
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(host).await?;
+        let mut head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n"
+        );
+        if let Some((content_type, bytes)) = body {
+            head.push_str(&format!(
+                "Content-Type: {content_type}\r\nContent-Length: {}\r\n",
+                bytes.len()
+            ));
+        }
+        head.push_str("\r\n");
+        stream.write_all(head.as_bytes()).await?;
+        if let Some((_, bytes)) = body {
+            stream.write_all(bytes).await?;
+        }
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await?;
+        anyhow::Ok(raw)
+    };
+    let raw = tokio::time::timeout(Duration::from_secs(60), exchange)
+        .await
+        .with_context(|| format!("{method} {path} timed out"))??;
+    parse_response(&raw).with_context(|| format!("{method} {path}: unreadable answer"))
+}
+
+fn parse_response(raw: &[u8]) -> anyhow::Result<(u16, String)> {
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .context("no end of headers")?;
+    let head = String::from_utf8_lossy(&raw[..split]);
+    let mut body = raw[split + 4..].to_vec();
+    let mut lines = head.lines();
+    let status: u16 = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .context("no status line")?;
+    let chunked = lines.any(|l| {
+        l.split_once(':').is_some_and(|(k, v)| {
+            k.trim().eq_ignore_ascii_case("transfer-encoding") && v.trim() == "chunked"
+        })
+    });
+    if chunked {
+        body = dechunk(&body).context("bad chunked body")?;
+    }
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+fn dechunk(mut raw: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let end = raw.windows(2).position(|w| w == b"\r\n")?;
+        let size_text = std::str::from_utf8(&raw[..end]).ok()?;
+        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
+        raw = &raw[end + 2..];
+        if size == 0 {
+            return Some(out);
+        }
+        out.extend_from_slice(raw.get(..size)?);
+        raw = raw.get(size + 2..)?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn responses_are_parsed_plain_and_chunked() {
+        let plain = b"HTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\n{}";
+        assert_eq!(parse_response(plain).ok(), Some((201, "{}".to_owned())));
+        let chunked =
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n";
+        assert_eq!(
+            parse_response(chunked).ok(),
+            Some((200, "abcde".to_owned()))
+        );
+        assert!(parse_response(b"HTTP/1.1 200").is_err());
+    }
+
+    #[test]
+    fn scratch_urls_keep_host_and_query() {
+        assert_eq!(
+            with_database("postgres://u@h:5432/postgres?sslmode=disable", "x"),
+            "postgres://u@h:5432/x?sslmode=disable"
+        );
+        assert_eq!(with_database("postgres://h", "x"), "postgres://h/x");
+    }
+
+    #[test]
+    fn code_names_are_grpc_names() {
+        assert_eq!(
+            code_name(tonic::Code::ResourceExhausted),
+            "RESOURCE_EXHAUSTED"
+        );
+        assert_eq!(code_name(tonic::Code::Unavailable), "UNAVAILABLE");
+    }
+
+    #[test]
+    fn trades_are_valid() {
+        let mut rng = SplitMix(7);
+        for _ in 0..1000 {
+            let r = trade_request(&mut rng, "bank-a", "2026-12-04");
+            let t = r.trade.unwrap_or_default();
+            assert!(t.amount_minor >= 10_000 && t.amount_minor < 17_000_000);
+            assert_ne!(t.buyer, t.seller);
+            assert!((1..=3).contains(&t.counterparty_tier));
+        }
+    }
+}

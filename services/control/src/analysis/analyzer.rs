@@ -1,0 +1,428 @@
+//! The `Analyzer`: one check per closed window, returning what the rollout should do as
+//! values (the lead turns each into a ledger event). Its whole state is `AnalyzerState`,
+//! serialisable, so a controller restarted mid-rollout resumes exactly where it was.
+//!
+//! Per conclusive check, in this order: evidence → drift tier action → controller
+//! transition (fuse / degrade / recover) → semantic rollback → weight increase or promote.
+//! Safety actions (fuse, freeze, rollback) act whatever the gate; widening needs the gate
+//! open, the controller Normal and a healthy check.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::drift::{DriftReport, DriftTier, ReferenceSample, assess_drift};
+use super::metrics::{WindowMetrics, WindowSamples};
+use super::risk::{Controller, ControllerMode, RiskAssessment, Transition, assess, next_weight};
+use super::rollback::{
+    CommittedSnapshot, RollbackDecision, RollbackTrigger, WindowBreach, window_breaches,
+};
+use super::settings::{AnalysisSettings, SettingsError};
+
+/// Whether the rollout may widen, as far as the analysis is concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Gate {
+    Open,
+    /// Held until `Analyzer::resume` (the operator's resume).
+    Paused {
+        reason: PauseReason,
+    },
+    /// Candidate at 0 % until `Analyzer::release_freeze` (the review ticket closed).
+    Frozen,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PauseReason {
+    /// Too little evidence: pause, never abort.
+    Inconclusive,
+    /// Drift tier L2; a retrain was requested.
+    DriftL2,
+}
+
+/// How a rollout ended, as far as the analysis is concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Finish {
+    Promoted,
+    RolledBack,
+}
+
+/// Which piece of evidence a check lacked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Evidence {
+    BaselineRequests,
+    CandidateRequests,
+    ShadowSample,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Shortfall {
+    pub evidence: Evidence,
+    pub have: u64,
+    pub need: u64,
+}
+
+/// What the drift tier asks for in this check (a request already made is not repeated).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DriftResponse {
+    Record,
+    PauseAndRequestRetrain,
+    FreezeAndOpenReview,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DriftAction {
+    pub at: DateTime<Utc>,
+    pub tier: DriftTier,
+    pub response: DriftResponse,
+    pub report: DriftReport,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WeightReason {
+    Increase,
+    Fuse,
+    DriftFreeze,
+    Rollback,
+}
+
+/// A change of the candidate's traffic share, in percent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WeightChange {
+    pub at: DateTime<Utc>,
+    pub from: u32,
+    pub to: u32,
+    pub reason: WeightReason,
+}
+
+/// One thing a check concluded; a check returns them in the order they happened.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum AnalysisOutcome {
+    /// Not enough evidence; nothing else was judged in this check.
+    Inconclusive {
+        at: DateTime<Utc>,
+        step: u64,
+        missing: Vec<Shortfall>,
+        metrics: WindowMetrics,
+    },
+    /// The gate closed (only when it changes, so no event is repeated).
+    Paused {
+        at: DateTime<Utc>,
+        reason: PauseReason,
+    },
+    /// The evidence of every conclusive check.
+    Assessed {
+        at: DateTime<Utc>,
+        step: u64,
+        metrics: WindowMetrics,
+        risk: RiskAssessment,
+    },
+    Drift(DriftAction),
+    Transition(Transition),
+    WeightChange(WeightChange),
+    Rollback(RollbackDecision),
+    /// Healthy at the last step: promote the candidate to 100 %.
+    Promote {
+        at: DateTime<Utc>,
+        weight: u32,
+    },
+}
+
+/// Everything the analyzer remembers between checks.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AnalyzerState {
+    /// The candidate's traffic share, in percent.
+    pub weight: u32,
+    pub controller: Controller,
+    pub gate: Gate,
+    pub rollback: RollbackTrigger,
+    /// The reference window for drift; when none is given, the baseline's samples of the
+    /// first conclusive window.
+    pub reference: Option<ReferenceSample>,
+    pub finished: Option<Finish>,
+}
+
+/// One check's input: a closed window, the rollout step it was observed under and the
+/// snapshots committed so far (for a rollback's target).
+#[derive(Clone, Copy, Debug)]
+pub struct Check<'a> {
+    pub window: &'a WindowSamples,
+    pub step: u64,
+    pub snapshots: &'a [CommittedSnapshot],
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AnalysisError {
+    #[error(transparent)]
+    Settings(#[from] SettingsError),
+    #[error("steps must rise strictly within 1..=100 and end at 100, got {0:?}")]
+    BadSteps(Vec<u32>),
+    #[error("weight must be at most 100 %, got {0}")]
+    BadWeight(u32),
+    #[error("the rollout is finished ({0:?}); no further checks")]
+    Finished(Finish),
+}
+
+/// The rollout analysis of one rollout.
+#[derive(Clone, Debug)]
+pub struct Analyzer {
+    settings: AnalysisSettings,
+    steps: Vec<u32>,
+    state: AnalyzerState,
+}
+
+impl Analyzer {
+    /// A fresh analysis: Normal, gate open, candidate at `weight`.
+    pub fn new(
+        settings: AnalysisSettings,
+        steps: Vec<u32>,
+        weight: u32,
+    ) -> Result<Self, AnalysisError> {
+        let state = AnalyzerState {
+            weight,
+            controller: Controller::default(),
+            gate: Gate::Open,
+            rollback: RollbackTrigger::default(),
+            reference: None,
+            finished: None,
+        };
+        Analyzer::from_state(settings, steps, state)
+    }
+
+    /// Resumes from a saved state (a restart mid-rollout).
+    pub fn from_state(
+        settings: AnalysisSettings,
+        steps: Vec<u32>,
+        state: AnalyzerState,
+    ) -> Result<Self, AnalysisError> {
+        settings.validate()?;
+        let rising = steps.windows(2).all(|w| w[0] < w[1]);
+        if steps.is_empty() || !rising || steps[0] == 0 || steps.last() != Some(&100) {
+            return Err(AnalysisError::BadSteps(steps));
+        }
+        if state.weight > 100 {
+            return Err(AnalysisError::BadWeight(state.weight));
+        }
+        Ok(Analyzer {
+            settings,
+            steps,
+            state,
+        })
+    }
+
+    /// Sets the reference window the candidate's drift is measured against.
+    pub fn with_reference(mut self, reference: ReferenceSample) -> Self {
+        self.state.reference = Some(reference);
+        self
+    }
+
+    pub fn state(&self) -> &AnalyzerState {
+        &self.state
+    }
+
+    pub fn settings(&self) -> &AnalysisSettings {
+        &self.settings
+    }
+
+    /// The operator's resume: a paused gate opens (a freeze needs `release_freeze`).
+    /// Returns whether anything changed.
+    pub fn resume(&mut self) -> bool {
+        let paused = matches!(self.state.gate, Gate::Paused { .. });
+        if paused {
+            self.state.gate = Gate::Open;
+        }
+        paused
+    }
+
+    /// The review closed: a frozen candidate may earn traffic again, from the first step.
+    pub fn release_freeze(&mut self) -> bool {
+        let frozen = self.state.gate == Gate::Frozen;
+        if frozen {
+            self.state.gate = Gate::Open;
+        }
+        frozen
+    }
+
+    fn shortfalls(&self, m: &WindowMetrics) -> Vec<Shortfall> {
+        let e = &self.settings.evidence;
+        [
+            (
+                Evidence::BaselineRequests,
+                m.baseline.requests,
+                e.min_requests,
+            ),
+            (
+                Evidence::CandidateRequests,
+                m.candidate.requests,
+                e.min_requests,
+            ),
+            (
+                Evidence::ShadowSample,
+                m.agreement.shadow_sample,
+                e.min_shadow_sample,
+            ),
+        ]
+        .into_iter()
+        .filter(|(_, have, need)| have < need)
+        .map(|(evidence, have, need)| Shortfall {
+            evidence,
+            have,
+            need,
+        })
+        .collect()
+    }
+
+    fn set_weight(
+        &mut self,
+        to: u32,
+        reason: WeightReason,
+        at: DateTime<Utc>,
+        out: &mut Vec<AnalysisOutcome>,
+    ) {
+        if self.state.weight != to {
+            out.push(AnalysisOutcome::WeightChange(WeightChange {
+                at,
+                from: self.state.weight,
+                to,
+                reason,
+            }));
+            self.state.weight = to;
+        }
+    }
+
+    /// Judges one closed window.
+    pub fn check(&mut self, check: Check<'_>) -> Result<Vec<AnalysisOutcome>, AnalysisError> {
+        if let Some(finish) = self.state.finished {
+            return Err(AnalysisError::Finished(finish));
+        }
+        let window = check.window;
+        let at = window.end;
+        let metrics = window.metrics(&self.settings.window);
+        let mut out = Vec::new();
+
+        let missing = self.shortfalls(&metrics);
+        if !missing.is_empty() {
+            out.push(AnalysisOutcome::Inconclusive {
+                at,
+                step: check.step,
+                missing,
+                metrics,
+            });
+            if self.state.gate == Gate::Open {
+                let reason = PauseReason::Inconclusive;
+                self.state.gate = Gate::Paused { reason };
+                out.push(AnalysisOutcome::Paused { at, reason });
+            }
+            return Ok(out);
+        }
+
+        let drift = assess_drift(
+            &window.candidate,
+            &window.baseline,
+            self.state.reference.as_ref(),
+            self.settings.evidence.min_drift_samples,
+            &self.settings.drift,
+        );
+        if self.state.reference.is_none() {
+            self.state.reference = Some(ReferenceSample::from_stage(&window.baseline));
+        }
+        let risk = assess(&metrics, &self.settings.risk, &self.settings.sla);
+        out.push(AnalysisOutcome::Assessed {
+            at,
+            step: check.step,
+            metrics: metrics.clone(),
+            risk: risk.clone(),
+        });
+
+        let response = match (drift.tier, self.state.gate) {
+            (DriftTier::L1, _) => DriftResponse::Record,
+            (DriftTier::L2, Gate::Open)
+            | (
+                DriftTier::L2,
+                Gate::Paused {
+                    reason: PauseReason::Inconclusive,
+                },
+            ) => DriftResponse::PauseAndRequestRetrain,
+            (DriftTier::L3, gate) if gate != Gate::Frozen => DriftResponse::FreezeAndOpenReview,
+            _ => DriftResponse::Record,
+        };
+        let drift_score = drift.score;
+        out.push(AnalysisOutcome::Drift(DriftAction {
+            at,
+            tier: drift.tier,
+            response,
+            report: drift,
+        }));
+        match response {
+            DriftResponse::PauseAndRequestRetrain => {
+                let reason = PauseReason::DriftL2;
+                self.state.gate = Gate::Paused { reason };
+                out.push(AnalysisOutcome::Paused { at, reason });
+            }
+            DriftResponse::FreezeAndOpenReview => {
+                self.state.gate = Gate::Frozen;
+                self.set_weight(0, WeightReason::DriftFreeze, at, &mut out);
+            }
+            DriftResponse::Record => {}
+        }
+
+        let transition = self.state.controller.observe(
+            &risk,
+            &metrics,
+            self.settings.risk.healthy_checks_to_recover,
+            &self.settings.risk,
+        );
+        let transitioned = transition.is_some();
+        if let Some(t) = transition {
+            let fused = t.to == ControllerMode::Fused;
+            out.push(AnalysisOutcome::Transition(t));
+            if fused {
+                self.set_weight(0, WeightReason::Fuse, at, &mut out);
+            }
+        }
+
+        let breach = WindowBreach {
+            start: window.start,
+            end: window.end,
+            step: check.step,
+            breaches: window_breaches(&metrics, drift_score, &self.settings.rollback),
+        };
+        if let Some(decision) =
+            self.state
+                .rollback
+                .observe(breach, check.snapshots, &self.settings.rollback)
+        {
+            out.push(AnalysisOutcome::Rollback(decision));
+            self.set_weight(0, WeightReason::Rollback, at, &mut out);
+            self.state.finished = Some(Finish::RolledBack);
+            return Ok(out);
+        }
+
+        let may_widen = !transitioned
+            && self.state.controller.mode == ControllerMode::Normal
+            && self.state.gate == Gate::Open
+            && risk.healthy();
+        if may_widen {
+            match next_weight(
+                self.state.weight,
+                &self.steps,
+                self.settings.risk.increase_factor,
+            ) {
+                Some(to) => self.set_weight(to, WeightReason::Increase, at, &mut out),
+                None => {
+                    out.push(AnalysisOutcome::Promote {
+                        at,
+                        weight: self.state.weight,
+                    });
+                    self.state.finished = Some(Finish::Promoted);
+                }
+            }
+        }
+        Ok(out)
+    }
+}

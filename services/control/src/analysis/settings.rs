@@ -1,0 +1,347 @@
+//! Every threshold of the rollout analysis in one serde struct, so that a rollout's
+//! `analysis` object (kept verbatim in `RolloutStarted`) can override any of them and a
+//! replay reads back exactly the numbers a decision was made under.
+//!
+//! Each group has `#[serde(default)]`: an operator writes only what differs from the
+//! defaults of issue 7, e.g. `{"window": {"length_ms": 1000}}`.
+
+use serde::{Deserialize, Serialize};
+
+/// All analysis settings; `AnalysisSettings::default()` is issue 7's defaults.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AnalysisSettings {
+    pub window: WindowSettings,
+    pub evidence: EvidenceSettings,
+    pub sla: SlaSettings,
+    pub risk: RiskSettings,
+    pub drift: DriftSettings,
+    pub rollback: RollbackSettings,
+}
+
+/// How observations are cut into windows and how saturation is read from them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WindowSettings {
+    /// Window length; 60 s in production, down to 1 s for tests.
+    pub length_ms: u64,
+    /// A worker queue holding this many full batches counts as saturated (queue fill 1).
+    pub saturated_queue_batches: f64,
+}
+
+impl Default for WindowSettings {
+    fn default() -> Self {
+        WindowSettings {
+            length_ms: 60_000,
+            saturated_queue_batches: 4.0,
+        }
+    }
+}
+
+/// The least evidence a check needs; below it the check is inconclusive and the
+/// rollout pauses (it never aborts on missing evidence).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EvidenceSettings {
+    /// Requests per stage (baseline and candidate, shadow included) in the window.
+    pub min_requests: u64,
+    /// Requests scored by both stages (the agreement sample).
+    pub min_shadow_sample: u64,
+    /// Values per side below which a KS test or a Wasserstein distance is not computed.
+    pub min_drift_samples: u64,
+}
+
+impl Default for EvidenceSettings {
+    fn default() -> Self {
+        EvidenceSettings {
+            min_requests: 100,
+            min_shadow_sample: 30,
+            min_drift_samples: 30,
+        }
+    }
+}
+
+/// What the candidate must meet before it may get more traffic.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SlaSettings {
+    pub max_p99_us: u64,
+    pub max_error_rate: f64,
+    /// Jaccard agreement of flagged sets on the shadow sample (issue 7: ≥ 0.91).
+    pub min_agreement: f64,
+    pub max_compliance_miss_rate: f64,
+}
+
+impl Default for SlaSettings {
+    fn default() -> Self {
+        SlaSettings {
+            max_p99_us: 420_000,
+            max_error_rate: 0.01,
+            min_agreement: 0.91,
+            max_compliance_miss_rate: 0.02,
+        }
+    }
+}
+
+/// Risk score weights, normalisation spans and decision thresholds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RiskSettings {
+    pub latency_weight: f64,
+    pub error_weight: f64,
+    pub saturation_weight: f64,
+    /// p99 ratio excess that counts as full latency risk: ratio 1 + span → term 1.
+    pub latency_ratio_span: f64,
+    /// Error-rate increase (absolute) that counts as full error risk.
+    pub error_jump_span: f64,
+    /// risk > fuse → Fuse.
+    pub fuse_above: f64,
+    /// risk > degrade → Degrade.
+    pub degrade_above: f64,
+    /// risk < increase_below and SLA met → Increase (a "healthy" check).
+    pub increase_below: f64,
+    /// Weight multiplier of an Increase, capped at the next step.
+    pub increase_factor: f64,
+    /// Healthy checks in a row to go Fused → Degraded and Degraded → Normal.
+    pub healthy_checks_to_recover: u32,
+}
+
+impl Default for RiskSettings {
+    fn default() -> Self {
+        RiskSettings {
+            latency_weight: 0.40,
+            error_weight: 0.35,
+            saturation_weight: 0.25,
+            latency_ratio_span: 1.0,
+            error_jump_span: 0.05,
+            fuse_above: 0.85,
+            degrade_above: 0.65,
+            increase_below: 0.40,
+            increase_factor: 1.5,
+            healthy_checks_to_recover: 3,
+        }
+    }
+}
+
+/// Drift test level and tier thresholds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DriftSettings {
+    /// A feature's KS statistic counts only when its p-value is below this.
+    pub ks_alpha: f64,
+    /// Width of the score scale; a Wasserstein distance of this much is drift 1.
+    pub score_range: f64,
+    /// drift ≥ l2_from → L2 (pause + retrain requested).
+    pub l2_from: f64,
+    /// drift > l3_above → L3 (frozen at 0 % + review ticket).
+    pub l3_above: f64,
+}
+
+impl Default for DriftSettings {
+    fn default() -> Self {
+        DriftSettings {
+            ks_alpha: 0.01,
+            score_range: 1.0,
+            l2_from: 0.15,
+            l3_above: 0.30,
+        }
+    }
+}
+
+/// Semantic rollback: breach bounds and how many windows in a row trigger it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RollbackSettings {
+    pub min_mean_confidence: f64,
+    pub max_p99_us: u64,
+    pub max_drift: f64,
+    pub consecutive_windows: u32,
+}
+
+impl Default for RollbackSettings {
+    fn default() -> Self {
+        RollbackSettings {
+            min_mean_confidence: 0.82,
+            max_p99_us: 420_000,
+            max_drift: 0.35,
+            consecutive_windows: 3,
+        }
+    }
+}
+
+/// Why a settings object cannot be used.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SettingsError {
+    #[error("window.length_ms must be at least 1000 (1 s), got {0}")]
+    WindowTooShort(u64),
+    #[error("{name} must be a finite number in {range}, got {value}")]
+    OutOfRange {
+        name: &'static str,
+        range: &'static str,
+        value: f64,
+    },
+    #[error("risk weights must not all be zero")]
+    ZeroRiskWeights,
+    #[error(
+        "risk thresholds must satisfy increase_below ≤ degrade_above ≤ fuse_above, got {increase} / {degrade} / {fuse}"
+    )]
+    RiskThresholdOrder {
+        increase: f64,
+        degrade: f64,
+        fuse: f64,
+    },
+    #[error("drift tiers must satisfy l2_from ≤ l3_above, got {l2} / {l3}")]
+    DriftTierOrder { l2: f64, l3: f64 },
+    #[error("{0} must be at least 1")]
+    ZeroCount(&'static str),
+}
+
+impl AnalysisSettings {
+    /// Checks that every number is usable, so the analysis itself can assume it.
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        if self.window.length_ms < 1000 {
+            return Err(SettingsError::WindowTooShort(self.window.length_ms));
+        }
+        positive(
+            "window.saturated_queue_batches",
+            self.window.saturated_queue_batches,
+        )?;
+        unit("sla.max_error_rate", self.sla.max_error_rate)?;
+        unit("sla.min_agreement", self.sla.min_agreement)?;
+        unit(
+            "sla.max_compliance_miss_rate",
+            self.sla.max_compliance_miss_rate,
+        )?;
+        let r = &self.risk;
+        non_negative("risk.latency_weight", r.latency_weight)?;
+        non_negative("risk.error_weight", r.error_weight)?;
+        non_negative("risk.saturation_weight", r.saturation_weight)?;
+        if r.latency_weight + r.error_weight + r.saturation_weight <= 0.0 {
+            return Err(SettingsError::ZeroRiskWeights);
+        }
+        positive("risk.latency_ratio_span", r.latency_ratio_span)?;
+        positive("risk.error_jump_span", r.error_jump_span)?;
+        unit("risk.fuse_above", r.fuse_above)?;
+        unit("risk.degrade_above", r.degrade_above)?;
+        unit("risk.increase_below", r.increase_below)?;
+        if r.increase_below > r.degrade_above || r.degrade_above > r.fuse_above {
+            return Err(SettingsError::RiskThresholdOrder {
+                increase: r.increase_below,
+                degrade: r.degrade_above,
+                fuse: r.fuse_above,
+            });
+        }
+        if !(r.increase_factor.is_finite() && r.increase_factor > 1.0) {
+            return Err(SettingsError::OutOfRange {
+                name: "risk.increase_factor",
+                range: "(1, ∞)",
+                value: r.increase_factor,
+            });
+        }
+        if r.healthy_checks_to_recover == 0 {
+            return Err(SettingsError::ZeroCount("risk.healthy_checks_to_recover"));
+        }
+        let d = &self.drift;
+        unit("drift.ks_alpha", d.ks_alpha)?;
+        positive("drift.score_range", d.score_range)?;
+        unit("drift.l2_from", d.l2_from)?;
+        unit("drift.l3_above", d.l3_above)?;
+        if d.l2_from > d.l3_above {
+            return Err(SettingsError::DriftTierOrder {
+                l2: d.l2_from,
+                l3: d.l3_above,
+            });
+        }
+        unit(
+            "rollback.min_mean_confidence",
+            self.rollback.min_mean_confidence,
+        )?;
+        unit("rollback.max_drift", self.rollback.max_drift)?;
+        if self.rollback.consecutive_windows == 0 {
+            return Err(SettingsError::ZeroCount("rollback.consecutive_windows"));
+        }
+        Ok(())
+    }
+}
+
+fn unit(name: &'static str, value: f64) -> Result<(), SettingsError> {
+    if value.is_finite() && (0.0..=1.0).contains(&value) {
+        Ok(())
+    } else {
+        Err(SettingsError::OutOfRange {
+            name,
+            range: "[0, 1]",
+            value,
+        })
+    }
+}
+
+fn positive(name: &'static str, value: f64) -> Result<(), SettingsError> {
+    if value.is_finite() && value > 0.0 {
+        Ok(())
+    } else {
+        Err(SettingsError::OutOfRange {
+            name,
+            range: "(0, ∞)",
+            value,
+        })
+    }
+}
+
+fn non_negative(name: &'static str, value: f64) -> Result<(), SettingsError> {
+    if value.is_finite() && value >= 0.0 {
+        Ok(())
+    } else {
+        Err(SettingsError::OutOfRange {
+            name,
+            range: "[0, ∞)",
+            value,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_issue_7s_and_valid() {
+        let s = AnalysisSettings::default();
+        assert_eq!(s.window.length_ms, 60_000);
+        assert_eq!(s.rollback.consecutive_windows, 3);
+        assert_eq!(s.rollback.max_p99_us, 420_000);
+        assert_eq!(s.risk.healthy_checks_to_recover, 3);
+        assert_eq!(s.validate(), Ok(()));
+    }
+
+    #[test]
+    fn partial_json_overrides_only_what_it_names() {
+        let s: AnalysisSettings =
+            serde_json::from_str(r#"{"window": {"length_ms": 1000}, "drift": {"l2_from": 0.2}}"#)
+                .expect("valid settings");
+        assert_eq!(s.window.length_ms, 1000);
+        assert_eq!(s.window.saturated_queue_batches, 4.0);
+        assert_eq!(s.drift.l2_from, 0.2);
+        assert_eq!(s.drift.l3_above, 0.30);
+        assert!(serde_json::from_str::<AnalysisSettings>(r#"{"windw": {}}"#).is_err());
+    }
+
+    #[test]
+    fn rejects_unusable_numbers() {
+        let mut s = AnalysisSettings::default();
+        s.window.length_ms = 999;
+        assert_eq!(s.validate(), Err(SettingsError::WindowTooShort(999)));
+        let mut s = AnalysisSettings::default();
+        s.risk.degrade_above = 0.9;
+        assert!(matches!(
+            s.validate(),
+            Err(SettingsError::RiskThresholdOrder { .. })
+        ));
+        let mut s = AnalysisSettings::default();
+        s.drift.ks_alpha = f64::NAN;
+        assert!(matches!(
+            s.validate(),
+            Err(SettingsError::OutOfRange { .. })
+        ));
+    }
+}
