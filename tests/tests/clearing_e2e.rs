@@ -270,7 +270,10 @@ async fn trades_are_cleared_over_mtls_with_envelopes_and_every_decision_is_on_th
     assert_eq!(why["model"]["digest"], REFERENCE_MODEL_DIGEST);
     assert_eq!(why["policies"]["aml_v2"], "2.0.0");
     assert_eq!(why["event"]["seq"], held.receipt.as_ref().unwrap().seq);
-    assert_eq!(why["cited_clauses"][0]["clause"]["id"], "rep-threshold-1", "{why}");
+    assert_eq!(
+        why["cited_clauses"][0]["clause"]["id"], "rep-threshold-1",
+        "{why}"
+    );
     assert!(
         why["cited_clauses"][0]["clause"]["text"]
             .as_str()

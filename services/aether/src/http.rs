@@ -55,6 +55,7 @@ pub fn router(state: AppState) -> Router {
         .merge(crate::audit_http::routes())
         .merge(crate::control_http::routes())
         .merge(crate::corpus_http::routes())
+        .merge(crate::snapshot_http::routes())
         .fallback(not_found)
         .layer(axum::middleware::from_fn(colour))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

@@ -10,6 +10,7 @@ mod control_http;
 mod corpus_http;
 mod http;
 mod serve;
+mod snapshot_http;
 mod worker;
 
 use std::path::PathBuf;

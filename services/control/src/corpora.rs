@@ -207,12 +207,22 @@ impl CorpusRegistry {
             #[serde(default)]
             replace: bool,
             documents: Vec<DocumentInput>,
+            #[serde(default)]
+            previous: Option<String>,
         }
         let payload: Payload = event
             .payload_value()
             .and_then(serde_json::from_value)
             .map_err(|e| format!("malformed payload: {e}"))?;
-        let base = self.corpus(&payload.name).map(|c| c.current());
+        // Built on the version it was built on live, which after a rollback is not the
+        // newest one.
+        let corpus = self.corpus(&payload.name);
+        let recorded = payload
+            .previous
+            .as_deref()
+            .and_then(|p| p.parse().ok())
+            .and_then(|d| corpus.as_ref().and_then(|c| c.get(&d)));
+        let base = recorded.or_else(|| corpus.map(|c| c.current()));
         let next = build(&payload.name, base, payload.documents, payload.replace)
             .await
             .map_err(|e| e.to_string())?;

@@ -1,8 +1,8 @@
 //! Aether's control plane: every change to the clearing engine is an event on the ledger,
 //! and the live state is a projection of those events, rebuilt at start.
 //!
-//! Built so far: policies, models, corpora, engines and rollouts. The snapshot coordinator
-//! is the rest of the control-plane issue.
+//! Built so far: policies, models, corpora, engines, rollouts, and the consistent-snapshot
+//! coordinator with rollback.
 
 pub mod analysis;
 pub mod corpora;
@@ -13,6 +13,7 @@ pub mod policies;
 pub mod projection;
 mod replay;
 pub mod rollouts;
+pub mod snapshot;
 
 pub use corpora::{CorpusError, CorpusIngest, CorpusRecord, CorpusRegistry};
 pub use engines::{ActivationRequest, EngineError, EngineRegistry, EngineState, EngineStatus};
@@ -22,4 +23,8 @@ pub use policies::{IngestError, PolicyRecord, PolicyRegistry};
 pub use projection::{ControlState, SNAPSHOT_COMMITTED, SNAPSHOT_STREAM, StateAsOf};
 pub use rollouts::{
     Command, RolloutError, RolloutPhase, RolloutRegistry, RolloutRequest, RolloutState,
+};
+pub use snapshot::{
+    ParticipantError, Pinned, SnapshotCoordinator, SnapshotError, SnapshotParticipant,
+    SnapshotRecord,
 };

@@ -6,7 +6,10 @@ use aether_ledger::hashing::{canonical_json, sm3};
 use aether_ledger::{EventFilter, EventStore, LedgerError, RecordedEvent};
 use serde_json::{Value, json};
 
-use crate::{CorpusRegistry, EngineRegistry, ModelRegistry, PolicyRegistry, RolloutRegistry};
+use crate::{
+    CorpusRegistry, EngineRegistry, ModelRegistry, PolicyRegistry, RolloutRegistry,
+    SnapshotCoordinator,
+};
 
 /// Event type of a committed consistent snapshot (gateway, rules and RAG digests).
 pub const SNAPSHOT_COMMITTED: &str = "SnapshotCommitted";
@@ -21,6 +24,8 @@ pub struct ControlState {
     pub engines: EngineRegistry,
     pub rollouts: RolloutRegistry,
     pub corpora: CorpusRegistry,
+    /// Committed snapshots and rollbacks (stream `snapshot`).
+    pub snapshots: SnapshotCoordinator,
 }
 
 impl ControlState {
@@ -51,11 +56,13 @@ impl ControlState {
     ) -> Result<ControlState, LedgerError> {
         // The projections read disjoint streams, so they load side by side; engines and
         // rollouts only keep handles to the model and policy registries.
-        let (policies, models, corpora) = tokio::try_join!(
+        let (policies, models, corpora, snapshots) = tokio::try_join!(
             PolicyRegistry::load_until(store.clone(), upto_seq),
             ModelRegistry::load_until(store.clone(), upto_seq),
             CorpusRegistry::load_until(store.clone(), upto_seq),
+            SnapshotCoordinator::load_until(store.clone(), upto_seq),
         )?;
+        snapshots.reapply(&corpora).await?;
         let (engines, rollouts) = tokio::try_join!(
             EngineRegistry::load_until(store.clone(), models.clone(), policies.clone(), upto_seq),
             RolloutRegistry::load_until(store.clone(), models.clone(), upto_seq),
@@ -66,6 +73,7 @@ impl ControlState {
             models,
             engines,
             rollouts,
+            snapshots,
         })
     }
 

@@ -297,7 +297,7 @@ impl ClearingGateway {
         let model = self.model(&route.model_ref).await?;
 
         // Rules against the live context, then the clauses the fired rules cite.
-        let (context, velocity) = self.inner.risk.context(&s.member_id, now);
+        let (context, velocity) = self.inner.risk.context(&s.member_id, &trade.seller, now);
         let rules = self.inner.control.policies.engine();
         let rule_set = rules.snapshot();
         let hooks: Vec<&str> = route.hooks.iter().map(String::as_str).collect();

@@ -13,5 +13,6 @@ pub mod identity;
 pub mod pb;
 pub mod risk_book;
 pub mod service;
+pub mod snapshot_grpc;
 pub mod tls;
 pub mod workers;

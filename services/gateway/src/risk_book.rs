@@ -12,6 +12,8 @@ use serde_json::{Value, json};
 
 /// Trades remembered per member (oldest dropped first).
 const MAX_RECENT_PER_MEMBER: usize = 1_000;
+/// Trades of the member given to the rules as `recent` (newest first).
+pub const CONTEXT_RECENT: usize = 100;
 /// How far back `recent` looks.
 const RECENT_WINDOW_SECS: i64 = 24 * 3600;
 
@@ -79,40 +81,50 @@ impl RiskBook {
 
     /// The rules' `context` for a trade by `member` against `counterparty`, and the
     /// member's velocity (trades in the last minute).
-    pub fn context(&self, member: &str, now: DateTime<Utc>) -> (Value, u32) {
+    ///
+    /// Bounded per request, since it is built for every trade: `recent` holds the member's
+    /// newest [`CONTEXT_RECENT`] trades of the last 24 h, and `limits` / `exposure` only the
+    /// counterparty's entries (what rules keyed by `request.counterparty` read).
+    pub fn context(&self, member: &str, counterparty: &str, now: DateTime<Utc>) -> (Value, u32) {
         let book = self
             .book
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut velocity = 0u32;
-        let recent: Vec<Value> = book
-            .recent
-            .get(member)
-            .map(|trades| {
-                trades
-                    .iter()
-                    .filter_map(|t| {
-                        let age = (now - t.at).num_seconds().max(0);
-                        if age > RECENT_WINDOW_SECS {
-                            return None;
-                        }
-                        if age < 60 {
-                            velocity = velocity.saturating_add(1);
-                        }
-                        Some(json!({
-                            "request_id": t.request_id,
-                            "amount_minor": t.amount_minor,
-                            "age_seconds": age,
-                            "counterparty": t.counterparty,
-                            "currency": t.currency,
-                        }))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let mut recent = Vec::new();
+        if let Some(trades) = book.recent.get(member) {
+            for t in trades.iter().rev() {
+                let age = (now - t.at).num_seconds().max(0);
+                if age > RECENT_WINDOW_SECS {
+                    break;
+                }
+                if age < 60 {
+                    velocity = velocity.saturating_add(1);
+                }
+                if recent.len() < CONTEXT_RECENT {
+                    recent.push(json!({
+                        "request_id": t.request_id,
+                        "amount_minor": t.amount_minor,
+                        "age_seconds": age,
+                        "counterparty": t.counterparty,
+                        "currency": t.currency,
+                    }));
+                } else if age >= 60 {
+                    break;
+                }
+            }
+        }
+        let mut limits = serde_json::Map::new();
+        if let Some(l) = self.settings.limits.get(counterparty) {
+            limits.insert(counterparty.to_owned(), json!(l));
+        }
+        let mut exposure = serde_json::Map::new();
+        if let Some(e) = book.exposure.get(counterparty) {
+            exposure.insert(counterparty.to_owned(), json!(e));
+        }
         let context = json!({
-            "limits": self.settings.limits,
-            "exposure": book.exposure,
+            "limits": limits,
+            "exposure": exposure,
             "recent": recent,
             "high_risk_jurisdictions": self.settings.high_risk_jurisdictions,
             "reporting_threshold_minor": self.settings.reporting_threshold_minor,

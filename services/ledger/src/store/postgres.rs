@@ -348,10 +348,17 @@ pub(crate) async fn query(
             .push(")");
     }
     for (key, value) in &filter.metadata {
-        // Keys are checked against a fixed list; both are bound, never spliced.
-        q.push(" AND (metadata::jsonb ->> ")
-            .push_bind(key)
-            .push(") = ")
+        // The key is spliced as a literal so that an expression index on it (e.g.
+        // `events_request_id`) applies; only the fixed list of plain names ever gets here.
+        let Some(key) = crate::store::filter::FILTERABLE_METADATA
+            .iter()
+            .find(|k| **k == key.as_str())
+        else {
+            return Err(LedgerError::InvalidFilter(format!(
+                "metadata member {key:?} cannot be filtered on"
+            )));
+        };
+        q.push(format!(" AND (metadata::jsonb ->> '{key}') = "))
             .push_bind(value);
     }
     q.push(match cursor {

@@ -343,10 +343,17 @@ pub(crate) async fn query(
             .push_bind(prefix);
     }
     for (key, value) in &filter.metadata {
-        // Keys are checked against a fixed list of plain names; both are bound.
-        q.push(" AND json_extract(metadata, '$.' || ")
-            .push_bind(key)
-            .push(") = ")
+        // The key is spliced as a literal so that an expression index on it (e.g.
+        // `events_request_id`) applies; only the fixed list of plain names ever gets here.
+        let Some(key) = crate::store::filter::FILTERABLE_METADATA
+            .iter()
+            .find(|k| **k == key.as_str())
+        else {
+            return Err(LedgerError::InvalidFilter(format!(
+                "metadata member {key:?} cannot be filtered on"
+            )));
+        };
+        q.push(format!(" AND json_extract(metadata, '$.{key}') = "))
             .push_bind(value);
     }
     q.push(match cursor {

@@ -1,0 +1,241 @@
+//! Consistent snapshots and rollback over HTTP: take (operator), list (operator,
+//! regulator), roll back (operator). The in-process participants are the control state's.
+
+use std::time::Duration;
+
+use aether_control::snapshot::DEFAULT_TTL;
+use aether_control::{Origin, SnapshotError};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Router};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::auth::Role;
+use crate::control_http::json_body;
+use crate::http::{AppState, Problem, authorize, origin_of};
+
+/// Longest ttl a caller may ask for: a prepare must not pin versions for long.
+const MAX_TTL_MS: u64 = 300_000;
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/v1/snapshots", get(list).post(take))
+        .route("/v1/rollback", post(rollback))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct TakeRequest {
+    ttl_ms: Option<u64>,
+}
+
+/// `POST /v1/snapshots` (operator), body optional `{ttl_ms}`: 201 with the committed
+/// snapshot; 409 when a participant refused, 503 when the ttl passed.
+async fn take(
+    State(state): State<AppState>,
+    Extension(origin): Extension<Origin>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, Problem> {
+    let caller = authorize(&state, &headers, &[Role::Operator])?;
+    let origin = origin_of(&origin, &caller);
+    let request: TakeRequest = if body.is_empty() {
+        TakeRequest::default()
+    } else {
+        json_body(&body, "snapshot {ttl_ms}")?
+    };
+    let ttl = match request.ttl_ms {
+        None => DEFAULT_TTL,
+        Some(ms @ 1..=MAX_TTL_MS) => Duration::from_millis(ms),
+        Some(ms) => {
+            return Err(Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Invalid ttl",
+                format!("ttl_ms must be 1..={MAX_TTL_MS}, got {ms}"),
+            ));
+        }
+    };
+    let participants = state.control.participants();
+    match state
+        .control
+        .snapshots
+        .take(&participants, ttl, &origin)
+        .await
+    {
+        Ok(record) => Ok((StatusCode::CREATED, axum::Json(record)).into_response()),
+        Err(e) => Err(problem(e)),
+    }
+}
+
+fn problem(e: SnapshotError) -> Problem {
+    match e {
+        SnapshotError::Aborted {
+            ref id,
+            ref participant,
+            ref reason,
+            timed_out,
+        } => {
+            let status = if timed_out {
+                StatusCode::SERVICE_UNAVAILABLE
+            } else {
+                StatusCode::CONFLICT
+            };
+            Problem::new(status, "Snapshot aborted", e.to_string())
+                .with("snapshot_id", json!(id))
+                .with("participant", json!(participant))
+                .with("reason", json!(reason))
+        }
+        SnapshotError::UnknownSnapshot(_) => {
+            Problem::new(StatusCode::NOT_FOUND, "Unknown snapshot", e.to_string())
+        }
+        SnapshotError::Restore { .. } => {
+            Problem::new(StatusCode::CONFLICT, "Rollback failed", e.to_string())
+        }
+        SnapshotError::Ledger(e) => e.into(),
+    }
+}
+
+/// `GET /v1/snapshots` (operator, regulator): committed snapshots and rollbacks.
+async fn list(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, Problem> {
+    authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
+    let snapshots = &state.control.snapshots;
+    Ok(axum::Json(json!({
+        "snapshots": snapshots.snapshots(),
+        "rollbacks": snapshots.rollbacks(),
+    }))
+    .into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RollbackRequest {
+    snapshot_id: String,
+    reason: String,
+}
+
+/// `POST /v1/rollback` (operator) `{snapshot_id | "previous", reason}`: restores rules
+/// and corpora to the snapshot's pins and records one `RolledBack`.
+async fn rollback(
+    State(state): State<AppState>,
+    Extension(origin): Extension<Origin>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, Problem> {
+    let caller = authorize(&state, &headers, &[Role::Operator])?;
+    let origin = origin_of(&origin, &caller);
+    let request: RollbackRequest = json_body(&body, "rollback {snapshot_id, reason}")?;
+    if request.reason.trim().is_empty() {
+        return Err(Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid rollback",
+            "reason must not be empty",
+        ));
+    }
+    let participants = state.control.participants();
+    state
+        .control
+        .snapshots
+        .rollback(
+            &participants,
+            &request.snapshot_id,
+            &request.reason,
+            &origin,
+        )
+        .await
+        .map(|r| axum::Json(r).into_response())
+        .map_err(problem)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use aether_ledger::{EventStore, MerkleLog, StoreConfig};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use crate::auth::Tokens;
+    use crate::http::{AppState, router};
+
+    const OPERATOR: &str = "aaaaaaaaaaaaaaaa";
+    const REGULATOR: &str = "bbbbbbbbbbbbbbbb";
+
+    /// One HTTP/1.1 request over a fresh connection; (status, body).
+    async fn call(
+        addr: std::net::SocketAddr,
+        method: &str,
+        path: &str,
+        token: &str,
+        body: &str,
+    ) -> (u16, serde_json::Value) {
+        let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        conn.write_all(request.as_bytes()).await.expect("write");
+        let mut answer = String::new();
+        conn.read_to_string(&mut answer).await.expect("read");
+        let status = answer[9..12].parse().expect("status");
+        let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+        (status, serde_json::from_str(body).unwrap_or_default())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn take_list_rollback_and_roles() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("sqlite:{}", dir.path().join("l.db").display());
+        let store = EventStore::connect(&url, StoreConfig::default())
+            .await
+            .expect("store");
+        let control = aether_control::ControlState::replay(&store)
+            .await
+            .expect("replay");
+        let state = AppState {
+            store: store.clone(),
+            tokens: Arc::new(
+                Tokens::parse(&format!("operator:{OPERATOR},regulator:{REGULATOR}"))
+                    .expect("tokens"),
+            ),
+            metrics: metrics_exporter_prometheus::PrometheusBuilder::new()
+                .build_recorder()
+                .handle(),
+            merkle: MerkleLog::default(),
+            control,
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, router(state)).await });
+
+        let (status, first) = call(addr, "POST", "/v1/snapshots", OPERATOR, "").await;
+        assert_eq!(status, 201, "{first}");
+        let (status, _) = call(addr, "POST", "/v1/snapshots", REGULATOR, "").await;
+        assert_eq!(status, 403);
+        let (status, list) = call(addr, "GET", "/v1/snapshots", REGULATOR, "").await;
+        assert_eq!(status, 200);
+        assert_eq!(list["snapshots"][0]["id"], first["id"]);
+
+        let rollback = |id: &str| format!(r#"{{"snapshot_id":"{id}","reason":"test"}}"#);
+        let (status, _) = call(
+            addr,
+            "POST",
+            "/v1/rollback",
+            REGULATOR,
+            &rollback("previous"),
+        )
+        .await;
+        assert_eq!(status, 403);
+        let (status, _) = call(addr, "POST", "/v1/rollback", OPERATOR, &rollback("nope")).await;
+        assert_eq!(status, 404);
+        let id = first["id"].as_str().unwrap_or_default();
+        let (status, done) = call(addr, "POST", "/v1/rollback", OPERATOR, &rollback(id)).await;
+        assert_eq!(status, 200, "{done}");
+        assert_eq!(done["target_snapshot"], first["id"]);
+        assert_eq!(done["restored"]["rules_digest"], first["rules_digest"]);
+    }
+}

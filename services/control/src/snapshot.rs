@@ -1,0 +1,743 @@
+//! Consistent snapshot of the three moving parts (gateway routing, rule set, RAG corpora)
+//! in two phases, and the rollback to one.
+//!
+//! Prepare runs on every participant at once under one ttl; only when all have pinned is
+//! `SnapshotCommitted` appended on stream `snapshot`, else `SnapshotAborted` and every pin
+//! is released, so a failed snapshot changes nothing. A rollback restores every
+//! participant to the versions a committed snapshot pinned and records `RolledBack` as
+//! one event. Participants are a trait so that the same coordinator drives in-process
+//! registries and remote ones over gRPC (`aether_gateway::snapshot_grpc`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
+use std::time::Duration;
+
+use aether_ledger::hashing::{canonical_json, sm3};
+use aether_ledger::{Direction, EventStore, ExpectedVersion, LedgerError, NewEvent, RecordedEvent};
+use aether_rag::CorpusDigest;
+use aether_rules::RuleSet;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::origin::Origin;
+use crate::projection::{SNAPSHOT_COMMITTED, SNAPSHOT_STREAM};
+use crate::{CorpusRegistry, EngineRegistry, EngineStatus, PolicyRegistry, RolloutRegistry};
+use crate::{RolloutPhase, RolloutState};
+
+/// Event type of a snapshot that did not commit (a participant failed or the ttl passed).
+pub const SNAPSHOT_ABORTED: &str = "SnapshotAborted";
+/// Event type of a rollback to a committed snapshot.
+pub const ROLLED_BACK: &str = "RolledBack";
+/// How long prepare may take, and a pin wait for commit, unless the caller says otherwise.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+
+/// Participant names the coordinator files digests under.
+pub const GATEWAY: &str = "gateway";
+pub const RULES: &str = "rules";
+pub const RAG: &str = "rag";
+
+/// What a participant pinned: an identifier it can restore from, and the content digest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pinned {
+    pub version: String,
+    pub digest: String,
+}
+
+/// Why a participant refused or failed a phase.
+#[derive(Debug, thiserror::Error)]
+pub enum ParticipantError {
+    #[error("{0}")]
+    Failed(String),
+    #[error("unknown version {0:?}")]
+    UnknownVersion(String),
+    #[error("participant unreachable: {0}")]
+    Unavailable(String),
+}
+
+/// One side of the two-phase snapshot. Implementations must make `abort` of an unknown
+/// or expired snapshot succeed, and keep committed pins restorable.
+#[async_trait::async_trait]
+pub trait SnapshotParticipant: Send + Sync {
+    fn name(&self) -> &str;
+    async fn prepare(&self, snapshot_id: Uuid, ttl: Duration) -> Result<Pinned, ParticipantError>;
+    async fn commit(&self, snapshot_id: Uuid) -> Result<(), ParticipantError>;
+    async fn abort(&self, snapshot_id: Uuid) -> Result<(), ParticipantError>;
+    /// Switches to `version` (as returned by prepare) and returns the digest now in force.
+    async fn restore(&self, version: &str) -> Result<String, ParticipantError>;
+}
+
+/// SM3 of a value's RFC 8785 text, hex.
+fn digest_of(value: &Value) -> Result<String, ParticipantError> {
+    let text = canonical_json(value).map_err(|e| ParticipantError::Failed(e.to_string()))?;
+    Ok(hex::encode(sm3(text.as_bytes())))
+}
+
+/// Pins awaiting commit (with their deadline) and committed pins, keyed by snapshot id.
+struct Pins<T> {
+    inner: Mutex<HashMap<Uuid, (T, Option<Instant>)>>,
+}
+
+impl<T: Clone> Pins<T> {
+    fn new() -> Self {
+        Pins {
+            inner: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, (T, Option<Instant>)>> {
+        let mut pins = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        // Expired prepared pins go first, so an unanswered prepare holds nothing forever.
+        let now = Instant::now();
+        pins.retain(|_, (_, deadline)| deadline.is_none_or(|d| d > now));
+        pins
+    }
+
+    fn prepare(&self, id: Uuid, value: T, ttl: Duration) {
+        self.lock().insert(id, (value, Some(Instant::now() + ttl)));
+    }
+
+    fn commit(&self, id: Uuid) -> Result<(), ParticipantError> {
+        match self.lock().get_mut(&id) {
+            Some(pin) => {
+                pin.1 = None;
+                Ok(())
+            }
+            None => Err(ParticipantError::Failed(format!(
+                "snapshot {id} is not prepared here (or its pin expired)"
+            ))),
+        }
+    }
+
+    fn abort(&self, id: Uuid) {
+        self.lock().remove(&id);
+    }
+
+    fn committed(&self) -> Vec<T> {
+        self.lock()
+            .values()
+            .filter(|(_, deadline)| deadline.is_none())
+            .map(|(v, _)| v.clone())
+            .collect()
+    }
+}
+
+/// The rule set: version and digest are the active set's digest; a pin holds the set
+/// itself so that it can be reinstalled whole.
+pub struct RulesParticipant {
+    policies: PolicyRegistry,
+    pins: Pins<Arc<RuleSet>>,
+}
+
+impl RulesParticipant {
+    pub fn new(policies: PolicyRegistry) -> Self {
+        RulesParticipant {
+            policies,
+            pins: Pins::new(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl SnapshotParticipant for RulesParticipant {
+    fn name(&self) -> &str {
+        RULES
+    }
+
+    async fn prepare(&self, snapshot_id: Uuid, ttl: Duration) -> Result<Pinned, ParticipantError> {
+        let set = self.policies.engine().snapshot();
+        let digest = set.digest_hex();
+        self.pins.prepare(snapshot_id, set, ttl);
+        Ok(Pinned {
+            version: digest.clone(),
+            digest,
+        })
+    }
+
+    async fn commit(&self, snapshot_id: Uuid) -> Result<(), ParticipantError> {
+        self.pins.commit(snapshot_id)
+    }
+
+    async fn abort(&self, snapshot_id: Uuid) -> Result<(), ParticipantError> {
+        self.pins.abort(snapshot_id);
+        Ok(())
+    }
+
+    async fn restore(&self, version: &str) -> Result<String, ParticipantError> {
+        let engine = self.policies.engine();
+        if engine.snapshot().digest_hex() == version {
+            return Ok(version.to_owned());
+        }
+        let set = self
+            .pins
+            .committed()
+            .into_iter()
+            .find(|s| s.digest_hex() == version)
+            .ok_or_else(|| ParticipantError::UnknownVersion(version.to_owned()))?;
+        engine.replace(set.clone());
+        Ok(set.digest_hex())
+    }
+}
+
+/// The RAG corpora: version is the JSON map corpus → version digest, digest its SM3.
+pub struct RagParticipant {
+    corpora: CorpusRegistry,
+    pins: Pins<BTreeMap<String, String>>,
+}
+
+impl RagParticipant {
+    pub fn new(corpora: CorpusRegistry) -> Self {
+        RagParticipant {
+            corpora,
+            pins: Pins::new(),
+        }
+    }
+
+    fn pinned(&self) -> Result<(BTreeMap<String, String>, Pinned), ParticipantError> {
+        let versions = self.corpora.current_versions();
+        let value = json!(versions);
+        let version =
+            serde_json::to_string(&value).map_err(|e| ParticipantError::Failed(e.to_string()))?;
+        let digest = digest_of(&value)?;
+        Ok((versions, Pinned { version, digest }))
+    }
+}
+
+#[async_trait::async_trait]
+impl SnapshotParticipant for RagParticipant {
+    fn name(&self) -> &str {
+        RAG
+    }
+
+    async fn prepare(&self, snapshot_id: Uuid, ttl: Duration) -> Result<Pinned, ParticipantError> {
+        let (versions, pinned) = self.pinned()?;
+        self.pins.prepare(snapshot_id, versions, ttl);
+        Ok(pinned)
+    }
+
+    async fn commit(&self, snapshot_id: Uuid) -> Result<(), ParticipantError> {
+        self.pins.commit(snapshot_id)
+    }
+
+    async fn abort(&self, snapshot_id: Uuid) -> Result<(), ParticipantError> {
+        self.pins.abort(snapshot_id);
+        Ok(())
+    }
+
+    async fn restore(&self, version: &str) -> Result<String, ParticipantError> {
+        let target: BTreeMap<String, String> = serde_json::from_str(version)
+            .map_err(|_| ParticipantError::UnknownVersion(version.to_owned()))?;
+        activate_corpora(&self.corpora, &target)?;
+        Ok(self.pinned()?.1.digest)
+    }
+}
+
+/// Makes each named corpus's version current; all are checked before any is switched.
+fn activate_corpora(
+    corpora: &CorpusRegistry,
+    target: &BTreeMap<String, String>,
+) -> Result<(), ParticipantError> {
+    let mut plan = Vec::with_capacity(target.len());
+    for (name, version) in target {
+        let corpus = corpora
+            .corpus(name)
+            .ok_or_else(|| ParticipantError::UnknownVersion(format!("corpus {name}")))?;
+        let digest: CorpusDigest = version
+            .parse()
+            .map_err(|_| ParticipantError::UnknownVersion(format!("{name}@{version}")))?;
+        if corpus.get(&digest).is_none() {
+            return Err(ParticipantError::UnknownVersion(format!(
+                "{name}@{version}"
+            )));
+        }
+        plan.push((corpus, digest));
+    }
+    for (corpus, digest) in plan {
+        corpus
+            .activate(&digest)
+            .map_err(|e| ParticipantError::Failed(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// The gateway routing table: active engines' model refs and weights, and progressing
+/// rollouts' candidate weights. Restore is record-only: routing changes are their own
+/// events (activation, rollout commands), so a rollback does not rewrite them; it reports
+/// the digest in force.
+pub struct GatewayParticipant {
+    engines: EngineRegistry,
+    rollouts: RolloutRegistry,
+}
+
+impl GatewayParticipant {
+    pub fn new(engines: EngineRegistry, rollouts: RolloutRegistry) -> Self {
+        GatewayParticipant { engines, rollouts }
+    }
+
+    fn digest(&self) -> Result<String, ParticipantError> {
+        let engines: Vec<Value> = self
+            .engines
+            .engines()
+            .into_iter()
+            .filter(|e| e.status == EngineStatus::Active)
+            .map(|e| json!({"region": e.region, "model_ref": e.model_ref, "weight": e.traffic_weight}))
+            .collect();
+        let rollouts: Vec<Value> = self
+            .rollouts
+            .all()
+            .into_iter()
+            .filter(|r: &RolloutState| r.phase == RolloutPhase::Progressing)
+            .map(|r| json!({"id": r.id, "region": r.region, "candidate": r.candidate, "weight": r.candidate_weight}))
+            .collect();
+        digest_of(&json!({"engines": engines, "rollouts": rollouts}))
+    }
+}
+
+#[async_trait::async_trait]
+impl SnapshotParticipant for GatewayParticipant {
+    fn name(&self) -> &str {
+        GATEWAY
+    }
+
+    async fn prepare(&self, _: Uuid, _: Duration) -> Result<Pinned, ParticipantError> {
+        let digest = self.digest()?;
+        Ok(Pinned {
+            version: digest.clone(),
+            digest,
+        })
+    }
+
+    async fn commit(&self, _: Uuid) -> Result<(), ParticipantError> {
+        Ok(())
+    }
+
+    async fn abort(&self, _: Uuid) -> Result<(), ParticipantError> {
+        Ok(())
+    }
+
+    async fn restore(&self, _version: &str) -> Result<String, ParticipantError> {
+        self.digest()
+    }
+}
+
+/// A committed snapshot as the registry keeps it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotRecord {
+    pub id: String,
+    pub participants: BTreeMap<String, Pinned>,
+    pub gateway_digest: Option<String>,
+    pub rules_digest: Option<String>,
+    pub rag_digest: Option<String>,
+    #[serde(default)]
+    pub seq: u64,
+    #[serde(default)]
+    pub recorded_at: String,
+}
+
+/// A rollback as recorded.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RollbackRecord {
+    pub target_snapshot: String,
+    pub reason: String,
+    pub restored: BTreeMap<String, Option<String>>,
+    #[serde(default)]
+    pub seq: u64,
+}
+
+/// Why a snapshot or rollback did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// Recorded as `SnapshotAborted`.
+    #[error("snapshot {id} aborted: participant {participant}: {reason}")]
+    Aborted {
+        id: String,
+        participant: String,
+        reason: String,
+        /// True when the ttl passed (not a refusal).
+        timed_out: bool,
+    },
+    #[error("no committed snapshot {0:?}")]
+    UnknownSnapshot(String),
+    #[error("rollback failed restoring {participant}: {reason}; nothing was recorded")]
+    Restore { participant: String, reason: String },
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+}
+
+#[derive(Default)]
+struct Projection {
+    snapshots: Vec<SnapshotRecord>,
+    rollbacks: Vec<RollbackRecord>,
+}
+
+/// The coordinator and the committed snapshots (a projection of stream `snapshot`).
+#[derive(Clone)]
+pub struct SnapshotCoordinator {
+    store: EventStore,
+    projection: Arc<RwLock<Projection>>,
+    /// One snapshot or rollback at a time, so the stream's expected version holds.
+    busy: Arc<tokio::sync::Mutex<()>>,
+    /// The in-process participants, made once: their committed pins must outlive a
+    /// request for a later rollback to find them.
+    local: Arc<OnceLock<Vec<Arc<dyn SnapshotParticipant>>>>,
+}
+
+impl SnapshotCoordinator {
+    /// Rebuilds the list of committed snapshots and rollbacks from the ledger.
+    pub async fn load(store: EventStore) -> Result<Self, LedgerError> {
+        Self::load_until(store, None).await
+    }
+
+    pub(crate) async fn load_until(
+        store: EventStore,
+        upto_seq: Option<u64>,
+    ) -> Result<Self, LedgerError> {
+        let coordinator = SnapshotCoordinator {
+            store,
+            projection: Arc::default(),
+            busy: Arc::default(),
+            local: Arc::default(),
+        };
+        let mut from = 0;
+        loop {
+            let page = coordinator
+                .store
+                .read_stream(SNAPSHOT_STREAM, from, Direction::Forward, 500)
+                .await?;
+            let Some(last) = page.last() else { break };
+            from = last.stream_version + 1;
+            let full = page.len() == 500;
+            for event in page
+                .iter()
+                .filter(|e| upto_seq.is_none_or(|max| e.seq <= max))
+            {
+                coordinator.apply(event);
+            }
+            if !full {
+                break;
+            }
+        }
+        Ok(coordinator)
+    }
+
+    fn apply(&self, event: &RecordedEvent) {
+        let Ok(payload) = event.payload_value() else {
+            tracing::error!(seq = event.seq, "malformed snapshot event");
+            return;
+        };
+        let mut p = self
+            .projection
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        match event.event_type.as_str() {
+            SNAPSHOT_COMMITTED => match serde_json::from_value::<SnapshotRecord>(payload) {
+                Ok(mut r) => {
+                    r.seq = event.seq;
+                    r.recorded_at = aether_ledger::hashing::format_timestamp(&event.recorded_at);
+                    p.snapshots.push(r);
+                }
+                Err(e) => tracing::error!(seq = event.seq, error = %e, "malformed snapshot"),
+            },
+            ROLLED_BACK => match serde_json::from_value::<RollbackRecord>(payload) {
+                Ok(mut r) => {
+                    r.seq = event.seq;
+                    p.rollbacks.push(r);
+                }
+                Err(e) => tracing::error!(seq = event.seq, error = %e, "malformed rollback"),
+            },
+            _ => {}
+        }
+    }
+
+    /// Committed snapshots, oldest first.
+    pub fn snapshots(&self) -> Vec<SnapshotRecord> {
+        self.read(|p| p.snapshots.clone())
+    }
+
+    /// Rollbacks, oldest first.
+    pub fn rollbacks(&self) -> Vec<RollbackRecord> {
+        self.read(|p| p.rollbacks.clone())
+    }
+
+    /// A committed snapshot by id, or `"previous"`: the one committed before the newest
+    /// (the state before the snapshot now in force).
+    pub fn resolve(&self, id: &str) -> Option<SnapshotRecord> {
+        self.read(|p| {
+            if id == "previous" {
+                let n = p.snapshots.len();
+                (n >= 2).then(|| p.snapshots[n - 2].clone())
+            } else {
+                p.snapshots.iter().find(|s| s.id == id).cloned()
+            }
+        })
+    }
+
+    fn read<T: Default>(&self, f: impl FnOnce(&Projection) -> T) -> T {
+        self.projection.read().map(|p| f(&p)).unwrap_or_default()
+    }
+
+    /// Runs the two phases. On success the `SnapshotCommitted` record is returned; on any
+    /// failure or when `ttl` passes, `SnapshotAborted` is recorded and every participant
+    /// told to abort.
+    pub async fn take(
+        &self,
+        participants: &[Arc<dyn SnapshotParticipant>],
+        ttl: Duration,
+        origin: &Origin,
+    ) -> Result<SnapshotRecord, SnapshotError> {
+        let _one = self.busy.lock().await;
+        let id = Uuid::now_v7();
+        let deadline = Instant::now() + ttl;
+        let mut tasks = tokio::task::JoinSet::new();
+        for p in participants {
+            let p = p.clone();
+            tasks.spawn(async move {
+                let name = p.name().to_owned();
+                let result = match tokio::time::timeout_at(deadline, p.prepare(id, ttl)).await {
+                    Ok(r) => r.map_err(|e| (e.to_string(), false)),
+                    Err(_) => Err((format!("no answer to prepare within {ttl:?}"), true)),
+                };
+                (name, result)
+            });
+        }
+        let mut pinned = BTreeMap::new();
+        let mut failure = None;
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok((name, Ok(pin))) => {
+                    pinned.insert(name, pin);
+                }
+                Ok((name, Err((reason, timed_out)))) => {
+                    failure = Some((name, reason, timed_out));
+                    break;
+                }
+                Err(e) => {
+                    failure = Some(("?".to_owned(), format!("prepare task failed: {e}"), false));
+                    break;
+                }
+            }
+        }
+        tasks.abort_all();
+        if let Some((participant, reason, timed_out)) = failure {
+            return Err(self
+                .abort(id, participants, participant, reason, timed_out, origin)
+                .await);
+        }
+        let digest = |n: &str| pinned.get(n).map(|p| p.digest.clone());
+        let record = SnapshotRecord {
+            id: id.to_string(),
+            gateway_digest: digest(GATEWAY),
+            rules_digest: digest(RULES),
+            rag_digest: digest(RAG),
+            participants: pinned,
+            seq: 0,
+            recorded_at: String::new(),
+        };
+        let payload = json!({
+            "id": record.id,
+            "participants": record.participants,
+            "gateway_digest": record.gateway_digest,
+            "rules_digest": record.rules_digest,
+            "rag_digest": record.rag_digest,
+        });
+        let event = NewEvent::new(SNAPSHOT_COMMITTED, payload)
+            .with_metadata(origin.metadata(json!({"snapshot_id": record.id})));
+        let committed = match self
+            .store
+            .append(SNAPSHOT_STREAM, ExpectedVersion::Any, vec![event])
+            .await
+        {
+            Ok(mut c) => c.remove(0),
+            Err(e) => {
+                release(participants, id).await;
+                return Err(e.into());
+            }
+        };
+        for p in participants {
+            if let Err(e) = p.commit(id).await {
+                // Committed on the ledger already; the participant can still be restored
+                // from its version while it keeps it.
+                tracing::warn!(participant = p.name(), snapshot = %id, error = %e, "commit failed");
+            }
+        }
+        let stored = store_record(&self.store, committed.seq).await;
+        if let Some(event) = stored {
+            self.apply(&event);
+        }
+        self.resolve(&record.id)
+            .ok_or(SnapshotError::UnknownSnapshot(record.id))
+    }
+
+    async fn abort(
+        &self,
+        id: Uuid,
+        participants: &[Arc<dyn SnapshotParticipant>],
+        participant: String,
+        reason: String,
+        timed_out: bool,
+        origin: &Origin,
+    ) -> SnapshotError {
+        release(participants, id).await;
+        let event = NewEvent::new(
+            SNAPSHOT_ABORTED,
+            json!({"id": id.to_string(), "reason": reason, "participant": participant}),
+        )
+        .with_metadata(origin.metadata(json!({})));
+        if let Err(e) = self
+            .store
+            .append(SNAPSHOT_STREAM, ExpectedVersion::Any, vec![event])
+            .await
+        {
+            return e.into();
+        }
+        SnapshotError::Aborted {
+            id: id.to_string(),
+            participant,
+            reason,
+            timed_out,
+        }
+    }
+
+    /// Restores every participant named in `target` to its pinned version and records one
+    /// `RolledBack`. A participant the snapshot does not name is left alone. If a restore
+    /// fails, the ones already restored are put back and nothing is recorded.
+    pub async fn rollback(
+        &self,
+        participants: &[Arc<dyn SnapshotParticipant>],
+        target: &str,
+        reason: &str,
+        origin: &Origin,
+    ) -> Result<RollbackRecord, SnapshotError> {
+        let _one = self.busy.lock().await;
+        let snapshot = self
+            .resolve(target)
+            .ok_or_else(|| SnapshotError::UnknownSnapshot(target.to_owned()))?;
+        // What is in force now, to put back if a later restore fails.
+        let probe = Uuid::now_v7();
+        let mut before = Vec::new();
+        let mut restored = BTreeMap::new();
+        for p in participants {
+            let Some(pin) = snapshot.participants.get(p.name()) else {
+                continue;
+            };
+            let now = p.prepare(probe, Duration::from_secs(1)).await;
+            let _ = p.abort(probe).await;
+            match p.restore(&pin.version).await {
+                Ok(digest) => {
+                    restored.insert(p.name().to_owned(), Some(digest));
+                    if let Ok(now) = now {
+                        before.push((p.clone(), now.version));
+                    }
+                }
+                Err(e) => {
+                    for (p, version) in before {
+                        let _ = p.restore(&version).await;
+                    }
+                    return Err(SnapshotError::Restore {
+                        participant: p.name().to_owned(),
+                        reason: e.to_string(),
+                    });
+                }
+            }
+        }
+        let payload = json!({
+            "target_snapshot": snapshot.id,
+            "reason": reason,
+            "restored": {
+                "gateway_digest": restored.get(GATEWAY).cloned().flatten(),
+                "rules_digest": restored.get(RULES).cloned().flatten(),
+                "rag_digest": restored.get(RAG).cloned().flatten(),
+            },
+            // What replay needs to reapply the rollback after a restart.
+            "rag_versions": snapshot.participants.get(RAG).map(|p| p.version.clone()),
+            "rules_version": snapshot.participants.get(RULES).map(|p| p.version.clone()),
+        });
+        let event = NewEvent::new(ROLLED_BACK, payload)
+            .with_metadata(origin.metadata(json!({"snapshot_id": snapshot.id})));
+        let committed = match self
+            .store
+            .append(SNAPSHOT_STREAM, ExpectedVersion::Any, vec![event])
+            .await
+        {
+            Ok(mut c) => c.remove(0),
+            Err(e) => {
+                for (p, version) in before {
+                    let _ = p.restore(&version).await;
+                }
+                return Err(e.into());
+            }
+        };
+        if let Some(event) = store_record(&self.store, committed.seq).await {
+            self.apply(&event);
+        }
+        self.read(|p| p.rollbacks.last().cloned())
+            .ok_or(SnapshotError::UnknownSnapshot(snapshot.id))
+    }
+
+    /// After a restart: reapplies the last rollback to the corpora it named whose last
+    /// ingest came before it (later ingests built on the restored version and win).
+    pub async fn reapply(&self, corpora: &CorpusRegistry) -> Result<(), LedgerError> {
+        let Some(last) = self.read(|p| p.rollbacks.last().map(|r| r.seq)) else {
+            return Ok(());
+        };
+        let event = match store_record(&self.store, last).await {
+            Some(e) => e,
+            None => return Ok(()),
+        };
+        let payload = event.payload_value().unwrap_or_default();
+        let Some(text) = payload["rag_versions"].as_str() else {
+            return Ok(());
+        };
+        let Ok(target) = serde_json::from_str::<BTreeMap<String, String>>(text) else {
+            return Ok(());
+        };
+        let history = corpora.corpora();
+        let stale: BTreeMap<String, String> = target
+            .into_iter()
+            .filter(|(name, _)| {
+                history
+                    .get(name)
+                    .and_then(|v| v.last())
+                    .is_some_and(|r| r.seq < last)
+            })
+            .collect();
+        if let Err(e) = activate_corpora(corpora, &stale) {
+            tracing::error!(seq = last, error = %e, "recorded rollback cannot be reapplied");
+        }
+        Ok(())
+    }
+}
+
+impl crate::ControlState {
+    /// The gateway, rules and RAG participants over this state's registries (the same
+    /// ones on every call).
+    pub fn participants(&self) -> Vec<Arc<dyn SnapshotParticipant>> {
+        self.snapshots
+            .local
+            .get_or_init(|| {
+                vec![
+                    Arc::new(GatewayParticipant::new(
+                        self.engines.clone(),
+                        self.rollouts.clone(),
+                    )) as Arc<dyn SnapshotParticipant>,
+                    Arc::new(RulesParticipant::new(self.policies.clone())),
+                    Arc::new(RagParticipant::new(self.corpora.clone())),
+                ]
+            })
+            .clone()
+    }
+}
+
+/// Tells every participant to drop the pins of `id`; failures only logged (pins expire).
+async fn release(participants: &[Arc<dyn SnapshotParticipant>], id: Uuid) {
+    for p in participants {
+        if let Err(e) = p.abort(id).await {
+            tracing::warn!(participant = p.name(), snapshot = %id, error = %e, "abort failed");
+        }
+    }
+}
+
+async fn store_record(store: &EventStore, seq: u64) -> Option<RecordedEvent> {
+    store.read_all(seq, 1).await.ok()?.pop()
+}

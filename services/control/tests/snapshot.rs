@@ -1,0 +1,279 @@
+//! The consistent-snapshot coordinator on a real SQLite ledger: commit, abort on a
+//! failing or slow participant (nothing changes), rollback, and a restart.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use aether_control::corpora::{DocumentInput, DocumentKind};
+use aether_control::snapshot::{
+    GatewayParticipant, RagParticipant, RulesParticipant, SNAPSHOT_ABORTED,
+};
+use aether_control::{
+    ControlState, CorpusIngest, Origin, ParticipantError, Pinned, SNAPSHOT_COMMITTED,
+    SNAPSHOT_STREAM, SnapshotError, SnapshotParticipant,
+};
+use aether_ledger::{Direction, EventStore, StoreConfig};
+use aether_rules::PolicyFormat;
+use uuid::Uuid;
+
+fn policy(name: &str) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../rules/policies")
+        .join(format!("{name}.yaml"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn corpus(text: &str) -> CorpusIngest {
+    CorpusIngest {
+        name: "mas".into(),
+        documents: vec![DocumentInput {
+            id: "notice-626".into(),
+            format: DocumentKind::Markdown,
+            text: text.into(),
+        }],
+        replace: true,
+    }
+}
+
+/// A participant that refuses, or answers only after `delay`.
+struct Faulty {
+    delay: Duration,
+    fail: bool,
+}
+
+#[async_trait::async_trait]
+impl SnapshotParticipant for Faulty {
+    fn name(&self) -> &str {
+        "faulty"
+    }
+    async fn prepare(&self, _: Uuid, _: Duration) -> Result<Pinned, ParticipantError> {
+        tokio::time::sleep(self.delay).await;
+        if self.fail {
+            return Err(ParticipantError::Failed("disk full".into()));
+        }
+        Ok(Pinned {
+            version: "v".into(),
+            digest: "d".into(),
+        })
+    }
+    async fn commit(&self, _: Uuid) -> Result<(), ParticipantError> {
+        Ok(())
+    }
+    async fn abort(&self, _: Uuid) -> Result<(), ParticipantError> {
+        Ok(())
+    }
+    async fn restore(&self, _: &str) -> Result<String, ParticipantError> {
+        Ok("d".into())
+    }
+}
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    url: String,
+    store: EventStore,
+    state: ControlState,
+    participants: Vec<Arc<dyn SnapshotParticipant>>,
+}
+
+async fn setup() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("l.db").display());
+    let store = EventStore::connect(&url, StoreConfig::default())
+        .await
+        .unwrap();
+    let state = ControlState::replay(&store).await.unwrap();
+    let participants = participants(&state);
+    Setup {
+        _dir: dir,
+        url,
+        store,
+        state,
+        participants,
+    }
+}
+
+fn participants(state: &ControlState) -> Vec<Arc<dyn SnapshotParticipant>> {
+    vec![
+        Arc::new(GatewayParticipant::new(
+            state.engines.clone(),
+            state.rollouts.clone(),
+        )),
+        Arc::new(RulesParticipant::new(state.policies.clone())),
+        Arc::new(RagParticipant::new(state.corpora.clone())),
+    ]
+}
+
+fn operator() -> Origin {
+    Origin::from("operator:alice")
+}
+
+async fn snapshot_events(store: &EventStore) -> Vec<(String, serde_json::Value)> {
+    store
+        .read_stream(SNAPSHOT_STREAM, 0, Direction::Forward, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.event_type.clone(), e.payload_value().unwrap()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commit_abort_timeout_and_rollback() {
+    let s = setup().await;
+    let origin = operator();
+    s.state
+        .policies
+        .ingest(&policy("aml_v2"), PolicyFormat::Yaml, &origin)
+        .await
+        .unwrap();
+    let (v1, _) = s
+        .state
+        .corpora
+        .ingest(corpus("# Reporting\n\nReport trades above 1m.\n"), &origin)
+        .await
+        .unwrap();
+    let rules_v1 = s.state.policies.engine().snapshot().digest_hex();
+
+    // Commit: one event with every participant's pin and the three digests.
+    let snap = s
+        .state
+        .snapshots
+        .take(&s.participants, Duration::from_secs(30), &origin)
+        .await
+        .unwrap();
+    assert_eq!(snap.rules_digest.as_deref(), Some(rules_v1.as_str()));
+    assert_eq!(snap.participants.len(), 3);
+    assert!(snap.gateway_digest.is_some() && snap.rag_digest.is_some());
+    let events = snapshot_events(&s.store).await;
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].0, SNAPSHOT_COMMITTED);
+    assert_eq!(events[0].1["id"], snap.id);
+    assert_eq!(events[0].1["rules_digest"], rules_v1);
+
+    // One participant refuses: SnapshotAborted naming it, nothing else changes.
+    let before = s.state.digest();
+    let mut with_faulty = s.participants.clone();
+    with_faulty.push(Arc::new(Faulty {
+        delay: Duration::ZERO,
+        fail: true,
+    }));
+    let err = s
+        .state
+        .snapshots
+        .take(&with_faulty, Duration::from_secs(30), &origin)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, SnapshotError::Aborted { participant, timed_out: false, .. } if participant == "faulty"),
+        "{err}"
+    );
+    let events = snapshot_events(&s.store).await;
+    assert_eq!(events.len(), 2);
+    assert_eq!(events[1].0, SNAPSHOT_ABORTED);
+    assert_eq!(events[1].1["participant"], "faulty");
+    assert_eq!(events[1].1["reason"], "disk full");
+    assert_eq!(s.state.snapshots.snapshots().len(), 1);
+    assert_eq!(s.state.digest(), before);
+
+    // One participant sleeps past the ttl: aborted as timed out, promptly.
+    let mut with_slow = s.participants.clone();
+    with_slow.push(Arc::new(Faulty {
+        delay: Duration::from_secs(60),
+        fail: false,
+    }));
+    let started = std::time::Instant::now();
+    let err = s
+        .state
+        .snapshots
+        .take(&with_slow, Duration::from_millis(300), &origin)
+        .await
+        .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(
+        matches!(&err, SnapshotError::Aborted { participant, timed_out: true, .. } if participant == "faulty"),
+        "{err}"
+    );
+    assert_eq!(snapshot_events(&s.store).await[2].0, SNAPSHOT_ABORTED);
+    assert_eq!(s.state.snapshots.snapshots().len(), 1);
+
+    // Change rules and corpus, snapshot again, then roll back to the first snapshot.
+    s.state
+        .policies
+        .ingest(&policy("basel3_delta"), PolicyFormat::Yaml, &origin)
+        .await
+        .unwrap();
+    let (v2, _) = s
+        .state
+        .corpora
+        .ingest(corpus("# Reporting\n\nReport trades above 2m.\n"), &origin)
+        .await
+        .unwrap();
+    assert_ne!(v1.version, v2.version);
+    let rules_v2 = s.state.policies.engine().snapshot().digest_hex();
+    assert_ne!(rules_v1, rules_v2);
+    s.state
+        .snapshots
+        .take(&s.participants, Duration::from_secs(30), &origin)
+        .await
+        .unwrap();
+
+    let unknown = s
+        .state
+        .snapshots
+        .rollback(&s.participants, "no-such-snapshot", "test", &origin)
+        .await
+        .unwrap_err();
+    assert!(matches!(unknown, SnapshotError::UnknownSnapshot(_)));
+
+    let rolled = s
+        .state
+        .snapshots
+        .rollback(&s.participants, "previous", "bad limits", &origin)
+        .await
+        .unwrap();
+    assert_eq!(rolled.target_snapshot, snap.id);
+    assert_eq!(s.state.policies.engine().snapshot().digest_hex(), rules_v1);
+    assert_eq!(s.state.corpora.current_versions()["mas"], v1.version);
+    let events = snapshot_events(&s.store).await;
+    let last = &events.last().unwrap();
+    assert_eq!(last.0, "RolledBack");
+    assert_eq!(last.1["target_snapshot"], snap.id);
+    assert_eq!(last.1["reason"], "bad limits");
+    assert_eq!(last.1["restored"]["rules_digest"], rules_v1);
+    assert_eq!(
+        last.1["restored"]["rag_digest"],
+        snap.rag_digest.clone().unwrap()
+    );
+    assert_eq!(events.len(), 5, "one event for the rollback");
+
+    // A restart keeps the snapshots, the rollback and the restored corpus version.
+    s.store.shutdown().await;
+    let store = EventStore::connect(&s.url, StoreConfig::default())
+        .await
+        .unwrap();
+    let again = ControlState::replay(&store).await.unwrap();
+    assert_eq!(again.snapshots.snapshots().len(), 2);
+    assert_eq!(again.snapshots.rollbacks().len(), 1);
+    assert_eq!(again.corpora.current_versions()["mas"], v1.version);
+
+    // An ingest after the rollback builds on the restored version, and replays so.
+    let (v3, _) = again
+        .corpora
+        .ingest(
+            CorpusIngest {
+                replace: false,
+                ..corpus("# Records\n\nKeep records 5 years.\n")
+            },
+            &origin,
+        )
+        .await
+        .unwrap();
+    assert_eq!(v3.previous.as_deref(), Some(v1.version.as_str()));
+    store.shutdown().await;
+    let store = EventStore::connect(&s.url, StoreConfig::default())
+        .await
+        .unwrap();
+    let third = ControlState::replay(&store).await.unwrap();
+    assert_eq!(third.corpora.current_versions()["mas"], v3.version);
+    store.shutdown().await;
+}
