@@ -5,34 +5,14 @@
 use std::path::Path;
 use std::time::Duration;
 
-use aether_ledger::{EventStore, ExpectedVersion, NewEvent, StoreConfig};
+use aether_ledger::{EventStore, ExpectedVersion, NewEvent};
 use aether_lineage::delta::{DeltaSink, META_FIRST_SEQ, META_LAST_SEQ};
 use aether_lineage::delta_relay::{DeltaRelayConfig, commit_of, commits, run_delta_relay};
 use aether_lineage::relay::reconcile;
 use serde_json::json;
 
 mod support;
-use support::TempData;
-
-async fn open(dir: &Path) -> EventStore {
-    let url = format!("sqlite:{}", dir.join("ledger.db").display());
-    EventStore::connect(&url, StoreConfig::default())
-        .await
-        .expect("open the ledger")
-}
-
-async fn append(store: &EventStore, from: u64, n: u64) {
-    for i in from..from + n {
-        store
-            .append(
-                &format!("policy/p{}", i % 3),
-                ExpectedVersion::Any,
-                vec![NewEvent::new("PolicyIngested", json!({ "n": i }))],
-            )
-            .await
-            .expect("append");
-    }
-}
+use support::{TempData, append_policies as append, open_sqlite_ledger as open};
 
 fn config(dir: &Path) -> DeltaRelayConfig {
     DeltaRelayConfig {

@@ -5,12 +5,11 @@
 //! restart resumes from the cursor.
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use aether_ledger::{EventStore, ExpectedVersion, NewEvent, StoreConfig};
+use aether_ledger::EventStore;
 use aether_lineage::MappingContext;
 use aether_lineage::http_transport::{
     ENV_API_KEY, ENV_DISABLED, ENV_ENDPOINT, ENV_TIMEOUT, ENV_URL, HTTP_CURSOR,
@@ -19,34 +18,14 @@ use aether_lineage::http_transport::{
 use aether_lineage::relay::{reconcile, record, run_openlineage_relay};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 mod support;
-use support::TempData;
+use support::{TempData, append_policies as append, open_sqlite_ledger as open};
 
 const API_KEY: &str = "test-key-0123";
-
-async fn open(dir: &Path) -> EventStore {
-    let url = format!("sqlite:{}", dir.join("ledger.db").display());
-    EventStore::connect(&url, StoreConfig::default())
-        .await
-        .expect("open the ledger")
-}
-
-async fn append(store: &EventStore, from: u64, n: u64) {
-    for i in from..from + n {
-        store
-            .append(
-                &format!("policy/p{}", i % 3),
-                ExpectedVersion::Any,
-                vec![NewEvent::new("PolicyIngested", json!({ "n": i }))],
-            )
-            .await
-            .expect("append");
-    }
-}
 
 /// Polls `done` every 20 ms for up to 30 s.
 async fn wait_until<F, Fut>(what: &str, mut done: F)

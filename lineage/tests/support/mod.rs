@@ -302,3 +302,28 @@ impl Drop for TempData {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// A SQLite ledger file in `dir`.
+pub async fn open_sqlite_ledger(dir: &std::path::Path) -> aether_ledger::EventStore {
+    let url = format!("sqlite:{}", dir.join("ledger.db").display());
+    aether_ledger::EventStore::connect(&url, aether_ledger::StoreConfig::default())
+        .await
+        .expect("open the ledger")
+}
+
+/// Appends `n` small `PolicyIngested` events numbered from `from`, over three streams.
+pub async fn append_policies(store: &aether_ledger::EventStore, from: u64, n: u64) {
+    for i in from..from + n {
+        store
+            .append(
+                &format!("policy/p{}", i % 3),
+                aether_ledger::ExpectedVersion::Any,
+                vec![aether_ledger::NewEvent::new(
+                    "PolicyIngested",
+                    json!({ "n": i }),
+                )],
+            )
+            .await
+            .expect("append");
+    }
+}
