@@ -64,6 +64,9 @@ pub enum IngestError {
 struct Projection {
     /// Versions per policy name, in ledger order.
     versions: BTreeMap<String, Vec<PolicyRecord>>,
+    /// Every version compiled, by (name, version): a rollback rebuilds an earlier rule set
+    /// from these, also after a restart.
+    compiled: BTreeMap<(String, String), Arc<CompiledPolicy>>,
 }
 
 /// Policies on the ledger and the rule engine they make up.
@@ -131,10 +134,28 @@ impl PolicyRegistry {
             .and_then(|p| p.versions.get(name).cloned())
     }
 
+    /// The rule set made of exactly these `(name, version)` policies, each ingested before.
+    pub fn rule_set(&self, versions: &[(String, String)]) -> Result<aether_rules::RuleSet, String> {
+        let p = self
+            .projection
+            .read()
+            .map_err(|_| "the policy registry is unavailable".to_owned())?;
+        let policies = versions
+            .iter()
+            .map(|key| {
+                p.compiled
+                    .get(key)
+                    .cloned()
+                    .ok_or_else(|| format!("policy {} version {} was never ingested", key.0, key.1))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        aether_rules::RuleSet::new(policies).map_err(|e| e.to_string())
+    }
+
     async fn apply(&self, event: &RecordedEvent) -> Result<(), PolicyError> {
         let payload = event.payload_value().unwrap_or_default();
         let source = payload["source"].as_str().unwrap_or_default().to_owned();
-        let policy = compile(source, PolicyFormat::Json).await?;
+        let policy = Arc::new(compile(source, PolicyFormat::Json).await?);
         self.remember(&policy, event.seq, event.stream_version, event.recorded_at);
         self.engine.install(policy);
         Ok(())
@@ -142,12 +163,16 @@ impl PolicyRegistry {
 
     fn remember(
         &self,
-        policy: &CompiledPolicy,
+        policy: &Arc<CompiledPolicy>,
         seq: u64,
         stream_version: u64,
         recorded_at: chrono::DateTime<chrono::Utc>,
     ) {
         if let Ok(mut p) = self.projection.write() {
+            p.compiled.insert(
+                (policy.name().to_owned(), policy.version().to_owned()),
+                policy.clone(),
+            );
             p.versions
                 .entry(policy.name().to_owned())
                 .or_default()
@@ -222,6 +247,7 @@ impl PolicyRegistry {
             }
             Err(e) => return Err(e.into()),
         };
+        let policy = Arc::new(policy);
         self.remember(
             &policy,
             committed.seq,

@@ -62,7 +62,7 @@ impl ControlState {
             CorpusRegistry::load_until(store.clone(), upto_seq),
             SnapshotCoordinator::load_until(store.clone(), upto_seq),
         )?;
-        snapshots.reapply(&corpora).await?;
+        snapshots.reapply(&corpora, &policies).await?;
         let (engines, rollouts) = tokio::try_join!(
             EngineRegistry::load_until(store.clone(), models.clone(), policies.clone(), upto_seq),
             RolloutRegistry::load_until(store.clone(), models.clone(), upto_seq),

@@ -147,12 +147,12 @@ impl SnapshotParticipant for RulesParticipant {
 
     async fn prepare(&self, snapshot_id: Uuid, ttl: Duration) -> Result<Pinned, ParticipantError> {
         let set = self.policies.engine().snapshot();
-        let digest = set.digest_hex();
+        let pinned = Pinned {
+            version: rules_version(&set),
+            digest: set.digest_hex(),
+        };
         self.pins.prepare(snapshot_id, set, ttl);
-        Ok(Pinned {
-            version: digest.clone(),
-            digest,
-        })
+        Ok(pinned)
     }
 
     async fn commit(&self, snapshot_id: Uuid) -> Result<(), ParticipantError> {
@@ -164,20 +164,39 @@ impl SnapshotParticipant for RulesParticipant {
         Ok(())
     }
 
+    /// `version` is the JSON list of `[name, version]` pairs [`rules_version`] wrote; the
+    /// set is rebuilt from the registry's compiled versions, so it also works after a
+    /// restart. A bare digest (a set pinned in this process) is still accepted.
     async fn restore(&self, version: &str) -> Result<String, ParticipantError> {
         let engine = self.policies.engine();
-        if engine.snapshot().digest_hex() == version {
-            return Ok(version.to_owned());
+        let set = match serde_json::from_str::<Vec<(String, String)>>(version) {
+            Ok(pairs) => Arc::new(
+                self.policies
+                    .rule_set(&pairs)
+                    .map_err(|_| ParticipantError::UnknownVersion(version.to_owned()))?,
+            ),
+            Err(_) => self
+                .pins
+                .committed()
+                .into_iter()
+                .find(|s| s.digest_hex() == version)
+                .ok_or_else(|| ParticipantError::UnknownVersion(version.to_owned()))?,
+        };
+        if engine.snapshot().digest() != set.digest() {
+            engine.replace(set.clone());
         }
-        let set = self
-            .pins
-            .committed()
-            .into_iter()
-            .find(|s| s.digest_hex() == version)
-            .ok_or_else(|| ParticipantError::UnknownVersion(version.to_owned()))?;
-        engine.replace(set.clone());
         Ok(set.digest_hex())
     }
+}
+
+/// A rule set's version as a snapshot records it: its `[name, version]` pairs, sorted.
+fn rules_version(set: &RuleSet) -> String {
+    let mut pairs: Vec<(String, String)> = set
+        .policies()
+        .map(|p| (p.name().to_owned(), p.version().to_owned()))
+        .collect();
+    pairs.sort();
+    serde_json::to_string(&pairs).unwrap_or_default()
 }
 
 /// The RAG corpora: version is the JSON map corpus → version digest, digest its SM3.
@@ -677,7 +696,11 @@ impl SnapshotCoordinator {
 
     /// After a restart: reapplies the last rollback to the corpora it named whose last
     /// ingest came before it (later ingests built on the restored version and win).
-    pub async fn reapply(&self, corpora: &CorpusRegistry) -> Result<(), LedgerError> {
+    pub async fn reapply(
+        &self,
+        corpora: &CorpusRegistry,
+        policies: &PolicyRegistry,
+    ) -> Result<(), LedgerError> {
         let Some(last) = self.read(|p| p.rollbacks.last().map(|r| r.seq)) else {
             return Ok(());
         };
@@ -686,6 +709,22 @@ impl SnapshotCoordinator {
             None => return Ok(()),
         };
         let payload = event.payload_value().unwrap_or_default();
+        // The rule set, unless a policy was ingested after the rollback (it built on it).
+        let newer_policy = policies.policies().values().flatten().any(|r| r.seq > last);
+        if let Some(pairs) = payload["rules_version"]
+            .as_str()
+            .and_then(|t| serde_json::from_str::<Vec<(String, String)>>(t).ok())
+            && !newer_policy
+        {
+            match policies.rule_set(&pairs) {
+                Ok(set) => {
+                    policies.engine().replace(Arc::new(set));
+                }
+                Err(e) => {
+                    tracing::error!(seq = last, error = %e, "recorded rule-set rollback cannot be reapplied")
+                }
+            }
+        }
         let Some(text) = payload["rag_versions"].as_str() else {
             return Ok(());
         };

@@ -246,7 +246,8 @@ async fn commit_abort_timeout_and_rollback() {
     );
     assert_eq!(events.len(), 5, "one event for the rollback");
 
-    // A restart keeps the snapshots, the rollback and the restored corpus version.
+    // A restart keeps the snapshots, the rollback, the restored corpus version and the
+    // restored rule set (rebuilt from the recorded policy versions).
     s.store.shutdown().await;
     let store = EventStore::connect(&s.url, StoreConfig::default())
         .await
@@ -255,6 +256,15 @@ async fn commit_abort_timeout_and_rollback() {
     assert_eq!(again.snapshots.snapshots().len(), 2);
     assert_eq!(again.snapshots.rollbacks().len(), 1);
     assert_eq!(again.corpora.current_versions()["mas"], v1.version);
+    assert_eq!(again.policies.engine().snapshot().digest_hex(), rules_v1);
+    // A rollback in the restarted process to a snapshot taken before the restart.
+    let again_participants = again.participants();
+    again
+        .snapshots
+        .rollback(&again_participants, &snap.id, "again", &origin)
+        .await
+        .unwrap();
+    assert_eq!(again.policies.engine().snapshot().digest_hex(), rules_v1);
 
     // An ingest after the rollback builds on the restored version, and replays so.
     let (v3, _) = again
