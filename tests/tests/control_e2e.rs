@@ -726,3 +726,96 @@ async fn corpus_versions_are_ingested_searched_refused_precisely_and_survive_a_r
     assert_eq!(digests, [version1.as_str(), version2.as_str()]);
     assert!(server.terminate().success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_restores_a_snapshot_in_one_event_and_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &[]);
+    let post = |server: &Server, path: &str, token: &str, body: Value| {
+        http()
+            .post(server.url(path))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+    };
+    let (status, _) = ingest(
+        &server,
+        OPERATOR_TOKEN,
+        "application/yaml",
+        example("aml_v2"),
+    )
+    .await;
+    assert_eq!(status, 201);
+    let digest_v1 = policies(&server).await["rule_set_digest"].clone();
+
+    let resp = post(
+        &server,
+        "/v1/snapshots",
+        REGULATOR_TOKEN,
+        serde_json::json!({}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(resp.status(), 403);
+    let resp = post(
+        &server,
+        "/v1/snapshots",
+        OPERATOR_TOKEN,
+        serde_json::json!({}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(resp.status(), 201);
+    let snapshot: Value = resp.json().await.unwrap();
+    assert_eq!(snapshot["rules_digest"], digest_v1, "{snapshot}");
+    let id = snapshot["id"].as_str().unwrap().to_owned();
+
+    // A second policy changes the rule set; the rollback brings back the snapshot's.
+    let (status, _) = ingest(
+        &server,
+        OPERATOR_TOKEN,
+        "application/yaml",
+        example("basel3_delta"),
+    )
+    .await;
+    assert_eq!(status, 201);
+    assert_ne!(policies(&server).await["rule_set_digest"], digest_v1);
+    let resp = post(
+        &server,
+        "/v1/rollback",
+        OPERATOR_TOKEN,
+        serde_json::json!({"snapshot_id": "no-such-snapshot", "reason": "x"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(resp.status(), 404);
+    let resp = post(
+        &server,
+        "/v1/rollback",
+        OPERATOR_TOKEN,
+        serde_json::json!({"snapshot_id": id, "reason": "basel limits misconfigured"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(policies(&server).await["rule_set_digest"], digest_v1);
+    let rolled: Value = http()
+        .get(server.url("/v1/audit/events?event_type=RolledBack"))
+        .bearer_auth(REGULATOR_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let events = rolled["events"].as_array().unwrap();
+    assert_eq!(events.len(), 1, "one event for the rollback: {rolled}");
+    assert_eq!(events[0]["payload"]["target_snapshot"], id.as_str());
+
+    // A restart rebuilds the rolled-back rule set, not the latest policies.
+    assert!(server.terminate().success());
+    let server = Server::start(&data, &[]);
+    assert_eq!(policies(&server).await["rule_set_digest"], digest_v1);
+    assert!(server.terminate().success());
+}
