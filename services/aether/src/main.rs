@@ -9,6 +9,7 @@ mod clearing;
 mod control_http;
 mod corpus_http;
 mod http;
+mod model;
 mod serve;
 mod snapshot_http;
 mod worker;
@@ -49,6 +50,9 @@ enum Command {
     Lineage(LineageCommand),
     /// Run a clearing worker that connects to the gateway and scores batches.
     Worker(worker::WorkerArgs),
+    /// The clearing model.
+    #[command(subcommand)]
+    Model(ModelCommand),
     /// Development certificates for mTLS.
     #[command(subcommand)]
     Certs(CertsCommand),
@@ -64,6 +68,13 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Subcommand)]
+enum ModelCommand {
+    /// Train the anomaly MLP on the documented synthetic dataset and print its held-out
+    /// AUC and the SM3 digest to register it with.
+    Train(model::TrainArgs),
 }
 
 #[derive(Subcommand)]
@@ -204,6 +215,9 @@ fn main() -> ExitCode {
                 force,
             }) => {
                 clearing::certs_init(&data_dir, members, workers, force).map(|_| ExitCode::SUCCESS)
+            }
+            Command::Model(ModelCommand::Train(args)) => {
+                model::train_command(args).map(|_| ExitCode::SUCCESS)
             }
             Command::Worker(args) => worker::run(args).await.map(|_| ExitCode::SUCCESS),
             Command::Client(ClientCommand::Submit(args)) => {
