@@ -88,43 +88,46 @@ fn map(events: &[RecordedEvent], ctx: &MappingContext) -> Result<Vec<Mapped>, Re
         .collect()
 }
 
+/// Rows per INSERT statement: one statement per chunk rather than per event (6 bound
+/// parameters each, well under either database's limit).
+const ROWS_PER_STATEMENT: usize = 200;
+
 async fn insert(
     store: &EventStore,
     rows: &[Mapped],
     now: DateTime<Utc>,
 ) -> Result<(), sqlx::Error> {
+    const HEAD: &str = "INSERT INTO lineage_records \
+                        (seq, event_id, run_id, job, openlineage_event, openlineage_at) ";
+    const TAIL: &str = " ON CONFLICT (seq) DO NOTHING";
     if let Some(pool) = store.postgres_pool() {
         let mut tx = pool.begin().await?;
-        for r in rows {
-            sqlx::query(
-                "INSERT INTO lineage_records (seq, event_id, run_id, job, openlineage_event, openlineage_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (seq) DO NOTHING",
-            )
-            .bind(r.seq)
-            .bind(r.event_id)
-            .bind(r.run_id)
-            .bind(r.job)
-            .bind(&r.json)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
+        for chunk in rows.chunks(ROWS_PER_STATEMENT) {
+            let mut q = sqlx::QueryBuilder::<sqlx::Postgres>::new(HEAD);
+            q.push_values(chunk, |mut b, r| {
+                b.push_bind(r.seq)
+                    .push_bind(r.event_id)
+                    .push_bind(r.run_id)
+                    .push_bind(r.job)
+                    .push_bind(&r.json)
+                    .push_bind(now);
+            });
+            q.push(TAIL).build().execute(&mut *tx).await?;
         }
         tx.commit().await
     } else if let Some(pool) = store.sqlite_pool() {
         let mut tx = pool.begin().await?;
-        for r in rows {
-            sqlx::query(
-                "INSERT INTO lineage_records (seq, event_id, run_id, job, openlineage_event, openlineage_at) \
-                 VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (seq) DO NOTHING",
-            )
-            .bind(r.seq)
-            .bind(r.event_id)
-            .bind(r.run_id)
-            .bind(r.job)
-            .bind(&r.json)
-            .bind(now.timestamp_micros())
-            .execute(&mut *tx)
-            .await?;
+        for chunk in rows.chunks(ROWS_PER_STATEMENT) {
+            let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(HEAD);
+            q.push_values(chunk, |mut b, r| {
+                b.push_bind(r.seq)
+                    .push_bind(r.event_id)
+                    .push_bind(r.run_id)
+                    .push_bind(r.job)
+                    .push_bind(&r.json)
+                    .push_bind(now.timestamp_micros());
+            });
+            q.push(TAIL).build().execute(&mut *tx).await?;
         }
         tx.commit().await
     } else {
