@@ -275,10 +275,15 @@ impl ClearingGateway {
         member: &str,
         request_id: &str,
     ) -> Result<Option<Answer>, LedgerError> {
+        // No stream prefix: it would steer the planner to the category index (every
+        // decision, in seq order); the request-id index finds the few candidates and the
+        // member's stream is checked below.
         let filter = EventFilter {
             event_type: Some(CLEARING_DECIDED.into()),
-            stream_prefix: Some(clearing_stream(member)),
-            metadata: vec![("request_id".into(), request_id.into())],
+            metadata: vec![
+                ("request_id".into(), request_id.into()),
+                ("member".into(), member.into()),
+            ],
             ..EventFilter::default()
         };
         let found = self.inner.store.query(&filter, 0, 16).await?;
