@@ -50,13 +50,18 @@ pub async fn decision(
     if let Some(member) = &query.member {
         metadata.push(("member".to_owned(), member.clone()));
     }
+    // Only metadata: the request-id index alone answers it (see the gateway's lookup).
     let filter = EventFilter {
-        event_type: Some("ClearingDecided".into()),
-        stream_prefix: Some("clearing/".into()),
         metadata,
         ..EventFilter::default()
     };
-    let found = state.store.query(&filter, 0, MAX_MATCHES).await?;
+    let found: Vec<RecordedEvent> = state
+        .store
+        .query(&filter, 0, MAX_MATCHES)
+        .await?
+        .into_iter()
+        .filter(|e| e.event_type == "ClearingDecided" && e.stream_id.starts_with("clearing/"))
+        .collect();
     let event = match found.as_slice() {
         [one] => one.clone(),
         [] => {

@@ -275,11 +275,11 @@ impl ClearingGateway {
         member: &str,
         request_id: &str,
     ) -> Result<Option<Answer>, LedgerError> {
-        // No stream prefix: it would steer the planner to the category index (every
-        // decision, in seq order); the request-id index finds the few candidates and the
-        // member's stream is checked below.
+        // Only the request id and member: a stream prefix or event type would let the
+        // planner combine an index over every decision (seen: a bitmap AND with the
+        // event-type index, growing with the ledger); the request-id index alone finds the
+        // few candidates, and type and stream are checked below.
         let filter = EventFilter {
-            event_type: Some(CLEARING_DECIDED.into()),
             metadata: vec![
                 ("request_id".into(), request_id.into()),
                 ("member".into(), member.into()),
@@ -289,7 +289,7 @@ impl ClearingGateway {
         let found = self.inner.store.query(&filter, 0, 16).await?;
         Ok(found
             .into_iter()
-            .find(|e| e.stream_id == clearing_stream(member))
+            .find(|e| e.event_type == CLEARING_DECIDED && e.stream_id == clearing_stream(member))
             .and_then(|e| answer_of(&e)))
     }
 
