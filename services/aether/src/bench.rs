@@ -90,14 +90,14 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
 }
 
 /// A scratch ledger: a fresh database on the server, or a temp SQLite file.
-struct Scratch {
-    url: String,
+pub(crate) struct Scratch {
+    pub(crate) url: String,
     cleanup: Option<(String, String)>,
     _dir: Option<tempfile::TempDir>,
 }
 
 impl Scratch {
-    async fn new(base: &str) -> anyhow::Result<Scratch> {
+    pub(crate) async fn new(base: &str) -> anyhow::Result<Scratch> {
         if base.starts_with("sqlite:") {
             let dir = tempfile::tempdir()?;
             let url = format!("sqlite:{}", dir.path().join("bench.db").display());
@@ -123,7 +123,12 @@ impl Scratch {
         })
     }
 
-    async fn drop(self) {
+    /// The scratch database's name (PostgreSQL only).
+    pub(crate) fn database_name(&self) -> Option<&str> {
+        self.cleanup.as_ref().map(|(_, name)| name.as_str())
+    }
+
+    pub(crate) async fn drop(self) {
         if let Some((base, name)) = self.cleanup
             && let Ok(mut conn) = PgConnection::connect(&base).await
         {
@@ -134,6 +139,7 @@ impl Scratch {
     }
 }
 
+/// `url` with its database path replaced by `name` (query string kept).
 fn aether_ledger_url_with_db(url: &str, name: &str) -> String {
     let (base, query) = url
         .split_once('?')
@@ -844,4 +850,21 @@ async fn state_as_of(store: &EventStore, control_events: u64, samples: u64) -> a
         "  each projection alone at the head: policies {policies:.2} ms (compiled again), corpora {corpora:.2} ms (versions rebuilt and indexed), models {models:.2} ms, engines {engines:.2} ms, rollouts {rollouts:.2} ms"
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scratch_urls_keep_host_and_query() {
+        assert_eq!(
+            aether_ledger_url_with_db("postgres://u@h:5432/postgres?sslmode=disable", "x"),
+            "postgres://u@h:5432/x?sslmode=disable"
+        );
+        assert_eq!(
+            aether_ledger_url_with_db("postgres://h", "x"),
+            "postgres://h/x"
+        );
+    }
 }

@@ -13,6 +13,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::bench::Scratch;
 use aether_gateway::certs::PkiLayout;
 use aether_gateway::client::ClearingClient;
 use aether_gateway::envelope::{Aad, Direction, Sm4Key, open, seal, unix_now, wrap_key};
@@ -32,8 +33,6 @@ use clap::{Args, Subcommand};
 use prost::Message;
 use serde::{Deserialize, Serialize};
 use sm2::pkcs8::DecodePublicKey;
-use sqlx::Connection;
-use sqlx::postgres::PgConnection;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status, Streaming};
@@ -207,7 +206,7 @@ async fn driver(b: ClearingBench) -> anyhow::Result<()> {
     let data = tmp.path().join("data");
     let scratch = match b.database_url.as_deref() {
         Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
-            Some(ScratchDb::create(url).await?)
+            Some(Scratch::new(url).await?)
         }
         Some(url) if !url.is_empty() && !url.starts_with("sqlite:") => {
             bail!("--database-url must be postgres://… or sqlite:")
@@ -226,7 +225,9 @@ async fn driver(b: ClearingBench) -> anyhow::Result<()> {
         &b,
         &data,
         tmp.path(),
-        scratch.as_ref().map(|s| (s.url.as_str(), s.name.as_str())),
+        scratch
+            .as_ref()
+            .map(|s| (s.url.as_str(), s.database_name().unwrap_or_default())),
     )
     .await;
     if b.keep {
@@ -1228,58 +1229,7 @@ fn loadavg() -> Option<String> {
 }
 
 // ---------------------------------------------------------------------------------------
-// A scratch PostgreSQL database and a minimal HTTP/1.1 client for the setup calls
-
-struct ScratchDb {
-    url: String,
-    base: String,
-    name: String,
-}
-
-impl ScratchDb {
-    async fn create(base: &str) -> anyhow::Result<ScratchDb> {
-        let name = format!("aether_bench_clearing_{}", uuid::Uuid::now_v7().simple());
-        let mut conn = PgConnection::connect(base)
-            .await
-            .with_context(|| format!("cannot connect to {}", redact_url(base)))?;
-        sqlx::raw_sql(&format!("CREATE DATABASE {name}"))
-            .execute(&mut conn)
-            .await
-            .context("CREATE DATABASE (the bench needs a role that may create databases)")?;
-        conn.close().await?;
-        Ok(ScratchDb {
-            url: with_database(base, &name),
-            base: base.to_owned(),
-            name,
-        })
-    }
-
-    async fn drop(self) {
-        if let Ok(mut conn) = PgConnection::connect(&self.base).await {
-            let _ = sqlx::raw_sql(&format!(
-                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                self.name
-            ))
-            .execute(&mut conn)
-            .await;
-        }
-    }
-}
-
-/// `url` with its database path replaced by `name` (query string kept).
-fn with_database(url: &str, name: &str) -> String {
-    let (base, query) = url
-        .split_once('?')
-        .map_or((url, None), |(b, q)| (b, Some(q)));
-    let start = base.find("://").map_or(0, |i| i + 3);
-    let path = base[start..].find('/').map_or(base.len(), |i| start + i);
-    let mut out = format!("{}/{name}", &base[..path]);
-    if let Some(q) = query {
-        out.push('?');
-        out.push_str(q);
-    }
-    out
-}
+// A minimal HTTP/1.1 client for the setup calls
 
 async fn post_json(
     base: &str,
@@ -1391,15 +1341,6 @@ mod tests {
             Some((200, "abcde".to_owned()))
         );
         assert!(parse_response(b"HTTP/1.1 200").is_err());
-    }
-
-    #[test]
-    fn scratch_urls_keep_host_and_query() {
-        assert_eq!(
-            with_database("postgres://u@h:5432/postgres?sslmode=disable", "x"),
-            "postgres://u@h:5432/x?sslmode=disable"
-        );
-        assert_eq!(with_database("postgres://h", "x"), "postgres://h/x");
     }
 
     #[test]
