@@ -39,6 +39,9 @@ pub enum LedgerError {
     #[error("payload member {member:?} is given both as a public and as a personal field")]
     PersonalConflict { member: String },
 
+    #[error("personal member {member:?} is not a name or a dotted path of non-empty names")]
+    InvalidPersonalPath { member: String },
+
     #[error("event {event_id} has no personal field {member:?}")]
     NoSuchPersonalField { event_id: Uuid, member: String },
 
@@ -109,6 +112,7 @@ impl LedgerError {
                 | LedgerError::DuplicateStream { .. }
                 | LedgerError::InvalidFilter(_)
                 | LedgerError::PersonalConflict { .. }
+                | LedgerError::InvalidPersonalPath { .. }
         )
     }
 

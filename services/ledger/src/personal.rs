@@ -8,6 +8,10 @@
 //! still verify, and while the row exists anyone holding value and salt can prove the
 //! value is the one committed to. The salt keeps a guessable value (a name, an account
 //! number) from being confirmed by brute force against the commitment.
+//!
+//! A member name may be a dotted path (`trade.buyer`): the placeholder then stands where
+//! the value would be inside the payload, so a nested request keeps its shape. Missing
+//! parent objects are created; a parent that is not an object is a conflict.
 
 use serde::Serialize;
 use sm3::{Digest, Sm3};
@@ -24,10 +28,13 @@ pub const REDACTION_STREAM: &str = "ledger/redactions";
 /// Event type of a redaction.
 pub const REDACTION_EVENT_TYPE: &str = "RedactionApplied";
 
+/// Separates the segments of a nested member's path (`trade.buyer`).
+pub const PATH_SEPARATOR: char = '.';
+
 /// A personal value kept beside the chain.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PersonalField {
-    /// Top-level payload member it belongs to.
+    /// Payload member it belongs to: a top-level name or a dotted path.
     pub member: String,
     /// RFC 8785 text of the value.
     pub value: String,
@@ -70,14 +77,15 @@ pub(crate) fn seal(
     };
     let mut fields = Vec::with_capacity(personal.len());
     for (member, value) in personal {
-        if object.contains_key(&member) {
+        let (parent, leaf) = parent_of(object, &member)?;
+        if parent.contains_key(leaf) {
             return Err(LedgerError::PersonalConflict { member });
         }
         let value = hashing::canonical_json(&value)?;
         let salt: [u8; 16] = rand::random();
         let placeholder =
             serde_json::json!({ PLACEHOLDER_KEY: hex::encode(commitment(&salt, &value)) });
-        object.insert(member.clone(), placeholder);
+        parent.insert(leaf.to_owned(), placeholder);
         fields.push(PersonalField {
             member,
             value,
@@ -87,9 +95,48 @@ pub(crate) fn seal(
     Ok(fields)
 }
 
+/// The object that holds `member`'s last segment, created where missing, and that segment.
+fn parent_of<'a, 'm>(
+    mut object: &'a mut serde_json::Map<String, serde_json::Value>,
+    member: &'m str,
+) -> Result<(&'a mut serde_json::Map<String, serde_json::Value>, &'m str), LedgerError> {
+    if member.split(PATH_SEPARATOR).any(str::is_empty) {
+        return Err(LedgerError::InvalidPersonalPath {
+            member: member.to_owned(),
+        });
+    }
+    let mut segments: Vec<&str> = member.split(PATH_SEPARATOR).collect();
+    let leaf = segments.pop().unwrap_or(member);
+    for segment in segments {
+        object = object
+            .entry(segment)
+            .or_insert_with(|| serde_json::Value::Object(serde_json::Map::new()))
+            .as_object_mut()
+            .ok_or_else(|| LedgerError::PersonalConflict {
+                member: member.to_owned(),
+            })?;
+    }
+    Ok((object, leaf))
+}
+
+/// The value at `member` (a top-level name or a dotted path) in `payload`. A top-level
+/// member of that exact name comes first, as it did before paths existed.
+pub fn member_value<'a>(
+    payload: &'a serde_json::Value,
+    member: &str,
+) -> Option<&'a serde_json::Value> {
+    payload.get(member).or_else(|| {
+        member
+            .split(PATH_SEPARATOR)
+            .try_fold(payload, |value, segment| value.get(segment))
+    })
+}
+
 /// The commitment a payload holds for `member`, if the member is a personal placeholder.
 pub fn placeholder(payload: &serde_json::Value, member: &str) -> Option<Hash> {
-    let text = payload.get(member)?.get(PLACEHOLDER_KEY)?.as_str()?;
+    let text = member_value(payload, member)?
+        .get(PLACEHOLDER_KEY)?
+        .as_str()?;
     hashing::hex_hash::parse(text).ok()
 }
 
@@ -127,5 +174,30 @@ mod tests {
             )
             .is_err()
         );
+    }
+
+    #[test]
+    fn a_dotted_member_is_sealed_in_place_inside_its_parent() {
+        let mut payload = json!({"trade": {"currency": "SGD"}});
+        let personal = json!({"trade.buyer": "acct-17", "party.name": "Ada"});
+        let fields = seal(&mut payload, personal.as_object().unwrap().clone()).unwrap();
+        assert_eq!(payload["trade"]["currency"], "SGD");
+        for f in &fields {
+            assert_eq!(placeholder(&payload, &f.member), Some(f.commitment()));
+        }
+        assert!(payload["trade"]["buyer"][PLACEHOLDER_KEY].is_string());
+        assert!(payload["party"]["name"][PLACEHOLDER_KEY].is_string());
+        assert!(!payload.to_string().contains("acct-17"));
+        // A public value on the path, an existing member or an empty segment is refused.
+        for (payload, member) in [
+            (json!({"trade": "x"}), "trade.buyer"),
+            (json!({"trade": {"buyer": "b"}}), "trade.buyer"),
+            (json!({}), "trade..buyer"),
+            (json!({}), ".buyer"),
+        ] {
+            let mut payload = payload;
+            let personal = json!({ member: "v" }).as_object().unwrap().clone();
+            assert!(seal(&mut payload, personal).is_err(), "{member}");
+        }
     }
 }
