@@ -800,18 +800,25 @@ async fn a_rollback_restores_a_snapshot_in_one_event_and_survives_a_restart() {
     .unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(policies(&server).await["rule_set_digest"], digest_v1);
-    let rolled: Value = http()
-        .get(server.url("/v1/audit/events?event_type=RolledBack"))
-        .bearer_auth(REGULATOR_TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, rolled) = get_json(&server, "/v1/audit/events?event_type=RolledBack").await;
     let events = rolled["events"].as_array().unwrap();
     assert_eq!(events.len(), 1, "one event for the rollback: {rolled}");
     assert_eq!(events[0]["payload"]["target_snapshot"], id.as_str());
+
+    // Every control event names the snapshot in force when it was asked for: none before
+    // the first snapshot, then that one.
+    let (_, ingested) = get_json(&server, "/v1/audit/events?event_type=PolicyIngested").await;
+    let in_force: Vec<&Value> = ingested["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| &e["metadata"]["snapshot_id"])
+        .collect();
+    assert_eq!(
+        in_force,
+        [&Value::Null, &Value::from(id.as_str())],
+        "{ingested}"
+    );
 
     // A restart rebuilds the rolled-back rule set, not the latest policies.
     assert!(server.terminate().success());

@@ -832,7 +832,7 @@ async fn state_as_of(store: &EventStore, control_events: u64, samples: u64) -> a
     EngineRegistry::load(store.clone(), now.models.clone(), now.policies.clone()).await?;
     let engines = ms(t.elapsed());
     let t = Instant::now();
-    RolloutRegistry::load(store.clone(), now.models.clone()).await?;
+    RolloutRegistry::load(store.clone(), now.models.clone(), now.engines.clone()).await?;
     let rollouts = ms(t.elapsed());
     times.sort();
     reads.sort();

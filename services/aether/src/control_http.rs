@@ -76,7 +76,7 @@ async fn start_rollout(
     body: Bytes,
 ) -> Result<Response, Problem> {
     let caller = authorize(&state, &headers, &[Role::Operator])?;
-    let origin = origin_of(&origin, &caller);
+    let origin = origin_of(&state, &origin, &caller);
     let request: RolloutRequest =
         json_body(&body, "rollout {baseline, candidate, steps, analysis}")?;
     let (rollout, event) = state
@@ -108,7 +108,7 @@ async fn rollout_command(
         reason: Option<String>,
     }
     let caller = authorize(&state, &headers, &[Role::Operator])?;
-    let origin = origin_of(&origin, &caller);
+    let origin = origin_of(&state, &origin, &caller);
     let command: Command = command.parse().map_err(|e: RolloutError| {
         Problem::new(StatusCode::NOT_FOUND, "Unknown command", e.to_string())
     })?;
@@ -197,7 +197,7 @@ async fn register_model(
     body: Bytes,
 ) -> Result<Response, Problem> {
     let caller = authorize(&state, &headers, &[Role::Operator])?;
-    let origin = origin_of(&origin, &caller);
+    let origin = origin_of(&state, &origin, &caller);
     let spec: ModelSpec = json_body(
         &body,
         "model registration {ref, uri, digest, feature_schema}",
@@ -229,7 +229,7 @@ async fn activate(
     body: Bytes,
 ) -> Result<Response, Problem> {
     let caller = authorize(&state, &headers, &[Role::Operator])?;
-    let origin = origin_of(&origin, &caller);
+    let origin = origin_of(&state, &origin, &caller);
     let request: ActivationRequest = json_body(
         &body,
         "activation {model_ref, traffic_weight, policy_hooks}",
@@ -322,7 +322,7 @@ async fn ingest(
     body: Bytes,
 ) -> Result<Response, Problem> {
     let caller = authorize(&state, &headers, &[Role::Operator])?;
-    let origin = origin_of(&origin, &caller);
+    let origin = origin_of(&state, &origin, &caller);
     let format = format_of(&headers)?;
     let source = std::str::from_utf8(&body)
         .map_err(|e| Problem::bad_request(format!("the policy document is not UTF-8: {e}")))?;

@@ -30,7 +30,7 @@ async fn ingest(
     body: Bytes,
 ) -> Result<Response, Problem> {
     let caller = authorize(&state, &headers, &[Role::Operator])?;
-    let origin = origin_of(&origin, &caller);
+    let origin = origin_of(&state, &origin, &caller);
     let request: CorpusIngest = json_body(
         &body,
         "corpus ingest {name, documents: [{id, format, text}], replace}",

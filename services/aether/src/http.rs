@@ -94,12 +94,13 @@ async fn colour(mut request: axum::extract::Request, next: axum::middleware::Nex
     response
 }
 
-/// The request's colouring with the authenticated caller as actor.
-pub(crate) fn origin_of(request_origin: &Origin, caller: &Caller) -> Origin {
-    Origin {
+/// The request's colouring with the authenticated caller as actor and the snapshot in
+/// force, which every event written on the request names.
+pub(crate) fn origin_of(state: &AppState, request_origin: &Origin, caller: &Caller) -> Origin {
+    state.control.under_snapshot(Origin {
         actor: caller.actor.clone(),
         ..request_origin.clone()
-    }
+    })
 }
 
 /// An RFC 9457 problem.

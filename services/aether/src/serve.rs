@@ -39,6 +39,8 @@ pub struct ServeArgs {
     pub max_wait_us: u64,
     #[command(flatten)]
     pub clearing: crate::clearing::ClearingArgs,
+    #[command(flatten)]
+    pub audit: crate::audit_decisions::AuditArgs,
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -159,7 +161,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         engines = control.engines.engines().len(),
         "control plane rebuilt from the ledger"
     );
-    let interrupted = control.engines.fail_interrupted().await?;
+    let interrupted = control
+        .engines
+        .fail_interrupted(control.snapshots.in_force())
+        .await?;
     if interrupted > 0 {
         tracing::warn!(
             interrupted,
@@ -189,7 +194,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         merkle,
         control,
     };
-    axum::serve(listener, router(state))
+    let app = router(state).layer(axum::Extension(Arc::new(args.audit.audit_reveal)));
+    axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await
         .context("HTTP server failed")?;

@@ -42,7 +42,7 @@ async fn take(
     body: Bytes,
 ) -> Result<Response, Problem> {
     let caller = authorize(&state, &headers, &[Role::Operator])?;
-    let origin = origin_of(&origin, &caller);
+    let origin = origin_of(&state, &origin, &caller);
     let request: TakeRequest = if body.is_empty() {
         TakeRequest::default()
     } else {
@@ -126,7 +126,7 @@ async fn rollback(
     body: Bytes,
 ) -> Result<Response, Problem> {
     let caller = authorize(&state, &headers, &[Role::Operator])?;
-    let origin = origin_of(&origin, &caller);
+    let origin = origin_of(&state, &origin, &caller);
     let request: RollbackRequest = json_body(&body, "rollback {snapshot_id, reason}")?;
     if request.reason.trim().is_empty() {
         return Err(Problem::new(

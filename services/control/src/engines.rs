@@ -17,7 +17,10 @@ use serde_json::{Value, json};
 use crate::models::{ModelError, ModelRegistry, check_artifact, region_of};
 use crate::origin::Origin;
 use crate::policies::PolicyRegistry;
-use crate::replay::Pages;
+use crate::replay::merged;
+use crate::rollouts::PROMOTED;
+use crate::routing::{EngineRoute, RoutingTable};
+use crate::snapshot::ROLLED_BACK;
 
 pub const ACTIVATION_REQUESTED: &str = "EngineActivationRequested";
 pub const MODEL_VERIFIED: &str = "EngineModelVerified";
@@ -42,6 +45,8 @@ pub enum EngineStatus {
     Activating,
     Active,
     Failed,
+    /// Not routed: a rollback restored a snapshot taken before this engine was active.
+    RolledBack,
 }
 
 /// An engine as the projection sees it.
@@ -114,15 +119,24 @@ impl EngineRegistry {
             policies,
             engines: Arc::default(),
         };
-        let filter = EventFilter {
+        let own = EventFilter {
             stream_prefix: Some("engine/".into()),
             max_seq: upto_seq,
             ..EventFilter::default()
         };
-        let mut pages = Pages::new(&registry.store, &filter);
-        while let Some(page) = pages.next().await? {
-            page.iter().for_each(|e| registry.apply(e));
-        }
+        // A promotion moves a region to the candidate and a rollback restores the routing
+        // of a snapshot: both change engines from other streams.
+        let foreign = [
+            (PROMOTED, "rollout/"),
+            (ROLLED_BACK, crate::SNAPSHOT_STREAM),
+        ]
+        .map(|(kind, prefix)| EventFilter {
+            event_type: Some(kind.into()),
+            stream_prefix: Some(prefix.into()),
+            max_seq: upto_seq,
+            ..EventFilter::default()
+        });
+        merged(&registry.store, &own, &foreign, |e| registry.apply(e)).await?;
         Ok(registry)
     }
 
@@ -137,7 +151,21 @@ impl EngineRegistry {
         self.engines.read().ok()?.get(region).cloned()
     }
 
-    fn apply(&self, event: &RecordedEvent) {
+    pub(crate) fn apply(&self, event: &RecordedEvent) {
+        match event.event_type.as_str() {
+            PROMOTED => return self.apply_promotion(event),
+            ROLLED_BACK => {
+                let payload = event.payload_value().unwrap_or_default();
+                if let Some(version) = payload["routing_version"].as_str() {
+                    match RoutingTable::parse(version) {
+                        Ok(table) => self.restore_routing(&table.engines),
+                        Err(e) => tracing::error!(seq = event.seq, error = %e, "rollback routing"),
+                    }
+                }
+                return;
+            }
+            _ => {}
+        }
         let Some(region) = event.stream_id.strip_prefix("engine/") else {
             return;
         };
@@ -169,12 +197,60 @@ impl EngineRegistry {
             state.stream_version = event.stream_version;
             state.steps.push(event.event_type.clone());
             match event.event_type.as_str() {
-                ACTIVATED => state.status = EngineStatus::Active,
+                ACTIVATED => {
+                    // The activated route, as recorded: it wins over a rollback that came
+                    // while this activation ran.
+                    if let Ok(r) = serde_json::from_value::<ActivationRequest>(p.clone()) {
+                        state.model_ref = r.model_ref;
+                        state.traffic_weight = r.traffic_weight;
+                        state.policy_hooks = r.policy_hooks;
+                    }
+                    state.status = EngineStatus::Active;
+                }
                 ACTIVATION_FAILED => {
                     state.status = EngineStatus::Failed;
                     state.failure = p["reason"].as_str().map(str::to_owned);
                 }
                 _ => {}
+            }
+        }
+    }
+
+    /// A promoted candidate becomes its region's model.
+    fn apply_promotion(&self, event: &RecordedEvent) {
+        let p = event.payload_value().unwrap_or_default();
+        let (Some(region), Some(candidate)) = (p["region"].as_str(), p["candidate"].as_str())
+        else {
+            return;
+        };
+        if let Ok(mut engines) = self.engines.write()
+            && let Some(engine) = engines.get_mut(region)
+            && engine.status == EngineStatus::Active
+        {
+            engine.model_ref = candidate.to_owned();
+        }
+    }
+
+    /// Makes `routes` the engines in force: each named region routes as recorded, every
+    /// other active engine stops routing. Regions not in the projection are skipped
+    /// (callers check them first, see [`crate::routing`]).
+    pub(crate) fn restore_routing(&self, routes: &BTreeMap<String, EngineRoute>) {
+        let Ok(mut engines) = self.engines.write() else {
+            return;
+        };
+        for (region, engine) in engines.iter_mut() {
+            match routes.get(region) {
+                Some(route) => {
+                    engine.model_ref = route.model_ref.clone();
+                    engine.traffic_weight = route.traffic_weight;
+                    engine.policy_hooks = route.policy_hooks.clone();
+                    engine.status = EngineStatus::Active;
+                    engine.failure = None;
+                }
+                None if engine.status == EngineStatus::Active => {
+                    engine.status = EngineStatus::RolledBack;
+                }
+                None => {}
             }
         }
     }
@@ -339,7 +415,12 @@ impl EngineRegistry {
     }
 
     /// Activations that a restart interrupted are recorded as failed, not left hanging.
-    pub async fn fail_interrupted(&self) -> Result<usize, EngineError> {
+    /// `snapshot_id` is the snapshot in force, which the failure records like every
+    /// control event.
+    pub async fn fail_interrupted(
+        &self,
+        snapshot_id: Option<String>,
+    ) -> Result<usize, EngineError> {
         let stuck: Vec<EngineState> = self
             .engines()
             .into_iter()
@@ -350,7 +431,8 @@ impl EngineRegistry {
                 ACTIVATION_FAILED,
                 json!({"step": "restart", "reason": "the service restarted during the activation; request it again"}),
             )
-            .with_metadata(json!({"actor": "aether:control", "correlation_id": e.activation_id}));
+            .with_metadata(json!({"actor": "aether:control", "correlation_id": e.activation_id,
+                                  "snapshot_id": snapshot_id}));
             self.append(&e.region, ExpectedVersion::Exact(e.stream_version), event)
                 .await?;
         }

@@ -13,6 +13,7 @@ pub mod policies;
 pub mod projection;
 mod replay;
 pub mod rollouts;
+pub mod routing;
 pub mod snapshot;
 
 pub use corpora::{CorpusError, CorpusIngest, CorpusRecord, CorpusRegistry};
@@ -24,6 +25,7 @@ pub use projection::{ControlState, SNAPSHOT_COMMITTED, SNAPSHOT_STREAM, StateAsO
 pub use rollouts::{
     Command, RolloutError, RolloutPhase, RolloutRegistry, RolloutRequest, RolloutState,
 };
+pub use routing::RoutingTable;
 pub use snapshot::{
     ParticipantError, Pinned, SnapshotCoordinator, SnapshotError, SnapshotParticipant,
     SnapshotRecord,

@@ -37,6 +37,9 @@ pub struct Origin {
     pub model_stage: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub semantic_tag: Option<String>,
+    /// The consistent snapshot in force when the change was asked for (null before the
+    /// first); set by [`crate::ControlState::under_snapshot`].
+    pub snapshot_id: Option<String>,
 }
 
 impl From<&str> for Origin {
@@ -125,6 +128,7 @@ impl Origin {
             traceparent: traceparent.map(|(_, full)| full),
             model_stage,
             semantic_tag,
+            snapshot_id: None,
         })
     }
 

@@ -7,7 +7,7 @@ use aether_ledger::{EventFilter, EventStore, LedgerError, RecordedEvent};
 use serde_json::{Value, json};
 
 use crate::{
-    CorpusRegistry, EngineRegistry, ModelRegistry, PolicyRegistry, RolloutRegistry,
+    CorpusRegistry, EngineRegistry, ModelRegistry, Origin, PolicyRegistry, RolloutRegistry,
     SnapshotCoordinator,
 };
 
@@ -63,10 +63,12 @@ impl ControlState {
             SnapshotCoordinator::load_until(store.clone(), upto_seq),
         )?;
         snapshots.reapply(&corpora, &policies).await?;
-        let (engines, rollouts) = tokio::try_join!(
-            EngineRegistry::load_until(store.clone(), models.clone(), policies.clone(), upto_seq),
-            RolloutRegistry::load_until(store.clone(), models.clone(), upto_seq),
-        )?;
+        let engines =
+            EngineRegistry::load_until(store.clone(), models.clone(), policies.clone(), upto_seq)
+                .await?;
+        let rollouts =
+            RolloutRegistry::load_until(store.clone(), models.clone(), engines.clone(), upto_seq)
+                .await?;
         Ok(ControlState {
             corpora,
             policies,
@@ -75,6 +77,14 @@ impl ControlState {
             rollouts,
             snapshots,
         })
+    }
+
+    /// `origin` naming the snapshot in force, as every control event must.
+    pub fn under_snapshot(&self, origin: Origin) -> Origin {
+        Origin {
+            snapshot_id: self.snapshots.in_force(),
+            ..origin
+        }
     }
 
     /// The state as one JSON document (engines, models, policies with versions, the rule

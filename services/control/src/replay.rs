@@ -39,3 +39,34 @@ impl<'a> Pages<'a> {
         Ok((!page.is_empty()).then_some(page))
     }
 }
+
+/// Feeds `apply` the events matching `main`, page by page, merged in seq order with the
+/// events matching each of `extras` (a projection's few foreign events, such as
+/// promotions and rollbacks, read whole), so that it sees them in ledger order.
+pub(crate) async fn merged(
+    store: &EventStore,
+    main: &EventFilter,
+    extras: &[EventFilter],
+    mut apply: impl FnMut(&RecordedEvent),
+) -> Result<(), LedgerError> {
+    let mut foreign = Vec::new();
+    for filter in extras {
+        let mut pages = Pages::new(store, filter);
+        while let Some(page) = pages.next().await? {
+            foreign.extend(page);
+        }
+    }
+    foreign.sort_by_key(|e| e.seq);
+    let mut foreign = foreign.into_iter().peekable();
+    let mut pages = Pages::new(store, main);
+    while let Some(page) = pages.next().await? {
+        for event in &page {
+            while let Some(earlier) = foreign.next_if(|f| f.seq < event.seq) {
+                apply(&earlier);
+            }
+            apply(event);
+        }
+    }
+    foreign.for_each(|e| apply(&e));
+    Ok(())
+}

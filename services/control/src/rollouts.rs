@@ -1,7 +1,9 @@
 //! Progressive rollouts as events on `rollout/{id}`, with the state machine enforced:
 //! `RolloutStarted` → `RolloutStepped`* (weights from the step list) → `RolloutPromoted`
 //! (candidate at 100 %) or `RolloutAborted` (candidate at 0 %), with `RolloutPaused` /
-//! `RolloutResumed` between steps. Each command is checked against the stream's version,
+//! `RolloutResumed` between steps. A promotion also moves the region's engine to the
+//! candidate; a rollback (`RolledBack` on stream `snapshot`) restores the step, weight and
+//! phase a snapshot pinned, and ends rollouts started after it. Each command is checked against the stream's version,
 //! so two conflicting commands cannot both land: the second is told what changed.
 
 use std::collections::BTreeMap;
@@ -13,9 +15,12 @@ use aether_ledger::{
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use crate::engines::EngineRegistry;
 use crate::models::{ModelError, ModelRegistry, region_of};
 use crate::origin::Origin;
-use crate::replay::Pages;
+use crate::replay::merged;
+use crate::routing::{RolloutRoute, RoutingTable};
+use crate::snapshot::ROLLED_BACK;
 
 pub const STARTED: &str = "RolloutStarted";
 pub const STEPPED: &str = "RolloutStepped";
@@ -44,13 +49,15 @@ fn default_steps() -> Vec<u32> {
     DEFAULT_STEPS.to_vec()
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RolloutPhase {
     Progressing,
     Paused,
     Promoted,
     Aborted,
+    /// Ended by a rollback to a snapshot taken before it started: no traffic.
+    RolledBack,
 }
 
 /// A rollout as the projection sees it.
@@ -138,7 +145,13 @@ impl RolloutPhase {
             RolloutPhase::Paused => "paused",
             RolloutPhase::Promoted => "promoted",
             RolloutPhase::Aborted => "aborted",
+            RolloutPhase::RolledBack => "rolled back",
         }
+    }
+
+    /// Whether a rollout in this phase still splits its region's traffic.
+    pub fn routes(self) -> bool {
+        matches!(self, RolloutPhase::Progressing | RolloutPhase::Paused)
     }
 }
 
@@ -159,34 +172,46 @@ impl Command {
 pub struct RolloutRegistry {
     store: EventStore,
     models: ModelRegistry,
+    /// Told of promotions: a promoted candidate becomes its region's model.
+    engines: EngineRegistry,
     rollouts: Arc<RwLock<BTreeMap<String, RolloutState>>>,
 }
 
 impl RolloutRegistry {
-    pub async fn load(store: EventStore, models: ModelRegistry) -> Result<Self, LedgerError> {
-        Self::load_until(store, models, None).await
+    pub async fn load(
+        store: EventStore,
+        models: ModelRegistry,
+        engines: EngineRegistry,
+    ) -> Result<Self, LedgerError> {
+        Self::load_until(store, models, engines, None).await
     }
 
     /// [`Self::load`] from the events with seq ≤ `upto_seq` only.
     pub(crate) async fn load_until(
         store: EventStore,
         models: ModelRegistry,
+        engines: EngineRegistry,
         upto_seq: Option<u64>,
     ) -> Result<Self, LedgerError> {
         let registry = RolloutRegistry {
             store,
             models,
+            engines,
             rollouts: Arc::default(),
         };
-        let filter = EventFilter {
+        let own = EventFilter {
             stream_prefix: Some("rollout/".into()),
             max_seq: upto_seq,
             ..EventFilter::default()
         };
-        let mut pages = Pages::new(&registry.store, &filter);
-        while let Some(page) = pages.next().await? {
-            page.iter().for_each(|e| registry.apply(e));
-        }
+        // A rollback restores the rollouts' routing of a snapshot from stream `snapshot`.
+        let rollbacks = EventFilter {
+            event_type: Some(ROLLED_BACK.into()),
+            stream_prefix: Some(crate::SNAPSHOT_STREAM.into()),
+            max_seq: upto_seq,
+            ..EventFilter::default()
+        };
+        merged(&registry.store, &own, &[rollbacks], |e| registry.apply(e)).await?;
         Ok(registry)
     }
 
@@ -202,6 +227,16 @@ impl RolloutRegistry {
     }
 
     fn apply(&self, event: &RecordedEvent) {
+        if event.event_type == ROLLED_BACK {
+            let payload = event.payload_value().unwrap_or_default();
+            if let Some(version) = payload["routing_version"].as_str() {
+                match RoutingTable::parse(version) {
+                    Ok(table) => self.restore_routing(&table.rollouts),
+                    Err(e) => tracing::error!(seq = event.seq, error = %e, "rollback routing"),
+                }
+            }
+            return;
+        }
         let Some(id) = event.stream_id.strip_prefix("rollout/") else {
             return;
         };
@@ -248,6 +283,28 @@ impl RolloutRegistry {
                 state.candidate_weight = 0;
             }
             _ => {}
+        }
+    }
+
+    /// Makes `routes` the rollouts' routing: each named rollout returns to its recorded
+    /// step, weight and phase; every other rollout still routing ends as rolled back.
+    pub(crate) fn restore_routing(&self, routes: &BTreeMap<String, RolloutRoute>) {
+        let Ok(mut map) = self.rollouts.write() else {
+            return;
+        };
+        for (id, rollout) in map.iter_mut() {
+            match routes.get(id) {
+                Some(route) => {
+                    rollout.step_index = route.step_index;
+                    rollout.candidate_weight = route.candidate_weight;
+                    rollout.phase = route.phase;
+                }
+                None if rollout.phase.routes() => {
+                    rollout.phase = RolloutPhase::RolledBack;
+                    rollout.candidate_weight = 0;
+                }
+                None => {}
+            }
         }
     }
 
@@ -352,7 +409,8 @@ impl RolloutRegistry {
             ),
             (Command::Promote, RolloutPhase::Progressing | RolloutPhase::Paused) => (
                 PROMOTED,
-                json!({"from_weight": state.candidate_weight, "to_weight": 100, "rollout_event_id": state.started_event_id}),
+                json!({"from_weight": state.candidate_weight, "to_weight": 100, "rollout_event_id": state.started_event_id,
+                       "region": state.region, "candidate": state.candidate}),
             ),
             (Command::Abort, RolloutPhase::Progressing | RolloutPhase::Paused) => (
                 ABORTED,
@@ -404,6 +462,9 @@ impl RolloutRegistry {
             .next()
         {
             self.apply(&e);
+            if e.event_type == PROMOTED {
+                self.engines.apply(&e);
+            }
         }
         Ok(committed)
     }

@@ -23,8 +23,8 @@ use uuid::Uuid;
 
 use crate::origin::Origin;
 use crate::projection::{SNAPSHOT_COMMITTED, SNAPSHOT_STREAM};
-use crate::{CorpusRegistry, EngineRegistry, EngineStatus, PolicyRegistry, RolloutRegistry};
-use crate::{RolloutPhase, RolloutState};
+use crate::routing::{self, RoutingTable};
+use crate::{CorpusRegistry, EngineRegistry, PolicyRegistry, RolloutRegistry};
 
 /// Event type of a snapshot that did not commit (a participant failed or the ttl passed).
 pub const SNAPSHOT_ABORTED: &str = "SnapshotAborted";
@@ -280,10 +280,9 @@ fn activate_corpora(
     Ok(())
 }
 
-/// The gateway routing table: active engines' model refs and weights, and progressing
-/// rollouts' candidate weights. Restore is record-only: routing changes are their own
-/// events (activation, rollout commands), so a rollback does not rewrite them; it reports
-/// the digest in force.
+/// The gateway routing table ([`RoutingTable`]): active engines and the rollouts that
+/// split traffic. The pin is the table itself, so a rollback restores it, also after a
+/// restart; replay applies the same restore from the `RolledBack` event.
 pub struct GatewayParticipant {
     engines: EngineRegistry,
     rollouts: RolloutRegistry,
@@ -294,22 +293,12 @@ impl GatewayParticipant {
         GatewayParticipant { engines, rollouts }
     }
 
-    fn digest(&self) -> Result<String, ParticipantError> {
-        let engines: Vec<Value> = self
-            .engines
-            .engines()
-            .into_iter()
-            .filter(|e| e.status == EngineStatus::Active)
-            .map(|e| json!({"region": e.region, "model_ref": e.model_ref, "weight": e.traffic_weight}))
-            .collect();
-        let rollouts: Vec<Value> = self
-            .rollouts
-            .all()
-            .into_iter()
-            .filter(|r: &RolloutState| r.phase == RolloutPhase::Progressing)
-            .map(|r| json!({"id": r.id, "region": r.region, "candidate": r.candidate, "weight": r.candidate_weight}))
-            .collect();
-        digest_of(&json!({"engines": engines, "rollouts": rollouts}))
+    fn pinned(&self) -> Pinned {
+        let table = RoutingTable::of(&self.engines, &self.rollouts);
+        Pinned {
+            version: table.version(),
+            digest: table.digest(),
+        }
     }
 }
 
@@ -320,11 +309,7 @@ impl SnapshotParticipant for GatewayParticipant {
     }
 
     async fn prepare(&self, _: Uuid, _: Duration) -> Result<Pinned, ParticipantError> {
-        let digest = self.digest()?;
-        Ok(Pinned {
-            version: digest.clone(),
-            digest,
-        })
+        Ok(self.pinned())
     }
 
     async fn commit(&self, _: Uuid) -> Result<(), ParticipantError> {
@@ -335,8 +320,12 @@ impl SnapshotParticipant for GatewayParticipant {
         Ok(())
     }
 
-    async fn restore(&self, _version: &str) -> Result<String, ParticipantError> {
-        self.digest()
+    async fn restore(&self, version: &str) -> Result<String, ParticipantError> {
+        let table = RoutingTable::parse(version)
+            .map_err(|e| ParticipantError::UnknownVersion(e.to_string()))?;
+        routing::restore(&table, &self.engines, &self.rollouts)
+            .map_err(ParticipantError::UnknownVersion)?;
+        Ok(self.pinned().digest)
     }
 }
 
@@ -489,6 +478,19 @@ impl SnapshotCoordinator {
             } else {
                 p.snapshots.iter().find(|s| s.id == id).cloned()
             }
+        })
+    }
+
+    /// The snapshot in force: the newest committed one, or the target of a later
+    /// rollback. Every control event names it in its metadata (`snapshot_id`).
+    pub fn in_force(&self) -> Option<String> {
+        self.read(|p| {
+            let snapshot = p.snapshots.last().map(|s| (s.seq, s.id.clone()));
+            let rollback = p
+                .rollbacks
+                .last()
+                .map(|r| (r.seq, r.target_snapshot.clone()));
+            snapshot.into_iter().chain(rollback).max().map(|(_, id)| id)
         })
     }
 
@@ -671,6 +673,11 @@ impl SnapshotCoordinator {
             // What replay needs to reapply the rollback after a restart.
             "rag_versions": snapshot.participants.get(RAG).map(|p| p.version.clone()),
             "rules_version": snapshot.participants.get(RULES).map(|p| p.version.clone()),
+            // Applied by the engine and rollout projections when they replay this event.
+            "routing_version": restored
+                .contains_key(GATEWAY)
+                .then(|| snapshot.participants.get(GATEWAY).map(|p| p.version.clone()))
+                .flatten(),
         });
         let event = NewEvent::new(ROLLED_BACK, payload)
             .with_metadata(origin.metadata(json!({"snapshot_id": snapshot.id})));

@@ -231,7 +231,7 @@ async fn scenario(url: &str, dir: &std::path::Path) {
             .await,
         Err(EngineError::Busy { .. })
     ));
-    assert_eq!(reloaded.fail_interrupted().await.unwrap(), 1);
+    assert_eq!(reloaded.fail_interrupted(None).await.unwrap(), 1);
     assert_eq!(
         reloaded.engine("apac-region").unwrap().status,
         EngineStatus::Failed

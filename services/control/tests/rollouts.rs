@@ -1,8 +1,8 @@
 //! Rollouts on a real ledger: the state machine, expected versions and restarts.
 
 use aether_control::{
-    Command, ModelRegistry, ModelSpec, Origin, RolloutError, RolloutPhase, RolloutRegistry,
-    RolloutRequest,
+    Command, EngineRegistry, ModelRegistry, ModelSpec, Origin, PolicyRegistry, RolloutError,
+    RolloutPhase, RolloutRegistry, RolloutRequest,
 };
 use aether_ledger::testing::TestDatabase;
 use aether_ledger::{EventStore, StoreConfig};
@@ -42,7 +42,11 @@ async fn scenario(url: &str, dir: &std::path::Path) {
         .await
         .unwrap();
     let models = models(&store, dir).await;
-    let rollouts = RolloutRegistry::load(store.clone(), models.clone())
+    let policies = PolicyRegistry::load(store.clone()).await.unwrap();
+    let engines = EngineRegistry::load(store.clone(), models.clone(), policies)
+        .await
+        .unwrap();
+    let rollouts = RolloutRegistry::load(store.clone(), models.clone(), engines.clone())
         .await
         .unwrap();
 
@@ -189,7 +193,9 @@ async fn scenario(url: &str, dir: &std::path::Path) {
         .await
         .unwrap();
     assert_eq!((r2.phase, r2.candidate_weight), (RolloutPhase::Aborted, 0));
-    let reloaded = RolloutRegistry::load(store.clone(), models).await.unwrap();
+    let reloaded = RolloutRegistry::load(store.clone(), models, engines)
+        .await
+        .unwrap();
     assert_eq!(reloaded.all(), rollouts.all());
     assert!(matches!(
         rollouts

@@ -287,3 +287,177 @@ async fn commit_abort_timeout_and_rollback() {
     assert_eq!(third.corpora.current_versions()["mas"], v3.version);
     store.shutdown().await;
 }
+
+/// Registers `finmoe-7b-{v3,v4}@sgp-region` with artifacts in `dir`.
+async fn two_models(state: &ControlState, dir: &std::path::Path) {
+    for (name, bytes) in [("v3", b"three".as_slice()), ("v4", b"four".as_slice())] {
+        let path = dir.join(format!("{name}.bin"));
+        std::fs::write(&path, bytes).unwrap();
+        let spec = aether_control::ModelSpec {
+            model_ref: format!("finmoe-7b-{name}@sgp-region"),
+            uri: path.display().to_string(),
+            digest: hex::encode(aether_ledger::hashing::sm3(bytes)),
+            feature_schema: serde_json::json!({"amount_minor": "int"})
+                .as_object()
+                .unwrap()
+                .clone(),
+        };
+        state.models.register(spec, &operator()).await.unwrap();
+    }
+}
+
+fn rollout_request() -> aether_control::RolloutRequest {
+    aether_control::RolloutRequest {
+        baseline: "finmoe-7b-v3@sgp-region".into(),
+        candidate: "finmoe-7b-v4@sgp-region".into(),
+        steps: vec![1, 2, 5, 100],
+        analysis: Default::default(),
+    }
+}
+
+/// A rollback restores the gateway's routing table: the engine's model (undoing a
+/// promotion), a rollout's step and weight, and ends a rollout started after the
+/// snapshot; a restart replays to the same routing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollback_restores_routing() {
+    use aether_control::{ActivationRequest, Command, EngineStatus, RolloutPhase, RoutingTable};
+    let s = setup().await;
+    let origin = operator();
+    two_models(&s.state, s._dir.path()).await;
+    s.state
+        .policies
+        .ingest(&policy("aml_v2"), PolicyFormat::Yaml, &origin)
+        .await
+        .unwrap();
+    let (_, task) = s
+        .state
+        .engines
+        .request_activation(
+            ActivationRequest {
+                model_ref: "finmoe-7b-v3@sgp-region".into(),
+                traffic_weight: 1.0,
+                policy_hooks: vec!["aml_v2".into()],
+            },
+            &origin,
+        )
+        .await
+        .unwrap();
+    task.await.unwrap();
+    let (rollout, _) = s
+        .state
+        .rollouts
+        .start(rollout_request(), &origin)
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        s.state
+            .rollouts
+            .command(&rollout.id, Command::Step, None, None, &origin)
+            .await
+            .unwrap();
+    }
+    let routing = |state: &ControlState| RoutingTable::of(&state.engines, &state.rollouts);
+    let at_snapshot = routing(&s.state);
+    assert_eq!(at_snapshot.rollouts[&rollout.id].candidate_weight, 2);
+    let snap = s
+        .state
+        .snapshots
+        .take(&s.participants, Duration::from_secs(30), &origin)
+        .await
+        .unwrap();
+    assert_eq!(snap.gateway_digest, Some(at_snapshot.digest()));
+    assert_eq!(snap.participants["gateway"].version, at_snapshot.version());
+
+    // Widen, then promote: the region now routes everything to the candidate.
+    s.state
+        .rollouts
+        .command(&rollout.id, Command::Step, None, None, &origin)
+        .await
+        .unwrap();
+    s.state
+        .rollouts
+        .command(&rollout.id, Command::Promote, None, None, &origin)
+        .await
+        .unwrap();
+    let engine = s.state.engines.engine("sgp-region").unwrap();
+    assert_eq!(engine.model_ref, "finmoe-7b-v4@sgp-region");
+    assert!(routing(&s.state).rollouts.is_empty());
+
+    let rolled = s
+        .state
+        .snapshots
+        .rollback(&s.participants, &snap.id, "candidate breached", &origin)
+        .await
+        .unwrap();
+    assert_eq!(
+        rolled.restored["gateway_digest"].as_deref(),
+        Some(at_snapshot.digest().as_str())
+    );
+    assert_eq!(routing(&s.state), at_snapshot);
+    let back = s.state.rollouts.get(&rollout.id).unwrap();
+    assert_eq!(
+        (back.phase, back.candidate_weight, back.step_index),
+        (RolloutPhase::Progressing, 2, Some(1))
+    );
+    assert_eq!(
+        s.state.engines.engine("sgp-region").unwrap().model_ref,
+        "finmoe-7b-v3@sgp-region"
+    );
+    // The rollout goes on from the restored step.
+    let (next, _) = s
+        .state
+        .rollouts
+        .command(&rollout.id, Command::Step, None, None, &origin)
+        .await
+        .unwrap();
+    assert_eq!(next.candidate_weight, 5);
+    assert_eq!(s.state.snapshots.in_force(), Some(snap.id.clone()));
+
+    // A restart replays the rollback into the same routing and the same state.
+    let live = (routing(&s.state), s.state.digest());
+    s.store.shutdown().await;
+    let store = EventStore::connect(&s.url, StoreConfig::default())
+        .await
+        .unwrap();
+    let again = ControlState::replay(&store).await.unwrap();
+    assert_eq!((routing(&again), again.digest()), live);
+
+    // A rollout started after a snapshot ends when the routing before it is restored.
+    let participants = again.participants();
+    again
+        .rollouts
+        .command(&rollout.id, Command::Abort, None, Some("restart"), &origin)
+        .await
+        .unwrap();
+    let before = again
+        .snapshots
+        .take(&participants, Duration::from_secs(30), &origin)
+        .await
+        .unwrap();
+    let (late, _) = again
+        .rollouts
+        .start(rollout_request(), &origin)
+        .await
+        .unwrap();
+    again
+        .rollouts
+        .command(&late.id, Command::Step, None, None, &origin)
+        .await
+        .unwrap();
+    again
+        .snapshots
+        .rollback(&participants, &before.id, "not approved", &origin)
+        .await
+        .unwrap();
+    let late = again.rollouts.get(&late.id).unwrap();
+    assert_eq!(
+        (late.phase, late.candidate_weight),
+        (RolloutPhase::RolledBack, 0)
+    );
+    assert!(routing(&again).rollouts.is_empty());
+    assert_eq!(
+        again.engines.engine("sgp-region").unwrap().status,
+        EngineStatus::Active
+    );
+    store.shutdown().await;
+}
