@@ -56,9 +56,31 @@ impl Default for BatcherConfig {
     }
 }
 
+/// The model a trade is scored with: its registered identity, and the loaded model when
+/// this process may score in process. A gateway without local workers never loads the
+/// artifact: remote workers check the digest against their own copy.
+#[derive(Clone)]
+pub struct ModelHandle {
+    pub model_ref: String,
+    /// SM3 of the artifact, as registered.
+    pub digest: String,
+    pub local: Option<Arc<ClearingModel>>,
+}
+
+impl ModelHandle {
+    /// A loaded model, usable in process and remotely.
+    pub fn loaded(model: Arc<ClearingModel>) -> Self {
+        ModelHandle {
+            model_ref: model.model().model_ref().to_owned(),
+            digest: model.model().digest().to_owned(),
+            local: Some(model),
+        }
+    }
+}
+
 /// One trade waiting to be scored.
 pub struct Job {
-    pub model: Arc<ClearingModel>,
+    pub model: ModelHandle,
     pub trade: Trade,
     pub context: TradeContext,
     pub reply: oneshot::Sender<Result<Scored, String>>,
@@ -143,7 +165,7 @@ async fn collect(
         let mut by_model: HashMap<String, Vec<Job>> = HashMap::new();
         for job in batch {
             by_model
-                .entry(job.model.model().digest().to_owned())
+                .entry(job.model.digest.clone())
                 .or_default()
                 .push(job);
         }
@@ -173,11 +195,14 @@ struct Executed {
 async fn execute(
     pool: &WorkerPool,
     config: &BatcherConfig,
-    model: Arc<ClearingModel>,
+    model: ModelHandle,
     inputs: Vec<(Trade, TradeContext)>,
 ) -> Result<Executed, String> {
-    let digest = model.model().digest().to_owned();
-    let model_ref = model.model().model_ref().to_owned();
+    let ModelHandle {
+        model_ref,
+        digest,
+        local,
+    } = model;
     let mut last_error = None;
     for _ in 0..config.worker_attempts.max(1) {
         if !pool.serves(&digest) {
@@ -214,11 +239,9 @@ async fn execute(
             }
         }
     }
-    if !config.local_workers {
-        return Err(
-            last_error.unwrap_or_else(|| DispatchError::NoWorker(digest.clone()).to_string())
-        );
-    }
+    let Some(model) = local.filter(|_| config.local_workers) else {
+        return Err(last_error.unwrap_or_else(|| DispatchError::NoWorker(digest).to_string()));
+    };
     let result = tokio::task::spawn_blocking(move || model.score_and_net(&inputs))
         .await
         .map_err(|e| format!("the worker stopped: {e}"))?

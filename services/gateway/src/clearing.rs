@@ -22,12 +22,16 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::sync::{OnceCell, oneshot};
 
-use crate::batcher::{Batcher, BatcherConfig, Job};
+use crate::batcher::{Batcher, BatcherConfig, Job, ModelHandle};
 use crate::risk_book::{RiskBook, RiskSettings};
 use crate::workers::WorkerPool;
 
 /// Event type of a decision.
 pub const CLEARING_DECIDED: &str = "ClearingDecided";
+/// Request fields that are personal data: the parties' identifiers (a member's client
+/// account ids). They are recorded as erasable salted commitments in place (see
+/// `aether_ledger::personal`); everything else in the trade is public.
+pub const PERSONAL_FIELDS: [&str; 2] = ["trade.buyer", "trade.seller"];
 /// Answers remembered in memory for fast repeats (older ones come from the ledger).
 const RECENT_ANSWERS: usize = 100_000;
 
@@ -351,9 +355,8 @@ impl ClearingGateway {
             json!({
                 "request_id": s.request_id,
                 "member": s.member_id,
+                // buyer and seller: personal, sealed in place below.
                 "trade": {
-                    "buyer": trade.buyer,
-                    "seller": trade.seller,
                     "instrument": trade.instrument,
                     "currency": trade.currency,
                     // A string: amounts may exceed the ledger's exact JSON integers.
@@ -370,7 +373,7 @@ impl ClearingGateway {
                 "rules_fired": rules_fired,
                 "cited_clauses": cited,
                 "model_ref": route.model_ref,
-                "model_digest": model.model().digest(),
+                "model_digest": model.digest,
                 "model_stage": model_stage,
                 "rollout": route.rollout.as_ref().map(|(id, w)| json!({"id": id, "candidate_weight": w})),
                 "region": route.region,
@@ -387,6 +390,7 @@ impl ClearingGateway {
                 },
             }),
         )
+        .with_personal(personal_members(&trade))
         .with_metadata(origin.metadata(json!({
             "request_id": s.request_id,
             "member": s.member_id,
@@ -489,12 +493,20 @@ impl ClearingGateway {
         })
     }
 
-    /// The loaded model for `model_ref`, its digest checked against the registry.
-    async fn model(&self, model_ref: &str) -> Result<Arc<ClearingModel>, ClearError> {
+    /// The registered model for `model_ref`, loaded (its digest checked) only when this
+    /// process may score in process.
+    async fn model(&self, model_ref: &str) -> Result<ModelHandle, ClearError> {
         let spec =
             self.inner.control.models.get(model_ref).ok_or_else(|| {
                 ClearError::NoEngine(format!("model {model_ref} is not registered"))
             })?;
+        if !self.inner.config.batcher.local_workers {
+            return Ok(ModelHandle {
+                model_ref: model_ref.to_owned(),
+                digest: spec.digest,
+                local: None,
+            });
+        }
         if let Some(m) = self
             .inner
             .models
@@ -502,7 +514,7 @@ impl ClearingGateway {
             .unwrap_or_else(PoisonError::into_inner)
             .get(&spec.digest)
         {
-            return Ok(m.clone());
+            return Ok(ModelHandle::loaded(m.clone()));
         }
         let path = aether_control::models::local_path(&spec.uri).ok_or_else(|| {
             ClearError::NoEngine(format!(
@@ -523,7 +535,7 @@ impl ClearingGateway {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(spec.digest, loaded.clone());
-        Ok(loaded)
+        Ok(ModelHandle::loaded(loaded))
     }
 
     /// The cited clause ids that exist in a current corpus version, as `corpus:clause`.
@@ -648,6 +660,16 @@ fn origin_of(s: &Submission, route: &Route) -> Result<Origin, ClearError> {
         opt(&c.semantic_tag).as_deref(),
     )
     .map_err(|e| ClearError::InvalidColouring(e.to_string()))
+}
+
+/// The personal fields of a trade, by their path in the decision's payload.
+fn personal_members(t: &Trade) -> serde_json::Map<String, Value> {
+    let values = [&t.buyer, &t.seller];
+    PERSONAL_FIELDS
+        .iter()
+        .zip(values)
+        .map(|(path, value)| ((*path).to_owned(), json!(value)))
+        .collect()
 }
 
 /// The rules' `request`: the trade in the documented shape (see `aether_rules::sample_request`).

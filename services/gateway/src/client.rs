@@ -42,12 +42,15 @@ impl From<tonic::Status> for ClientError {
 }
 
 /// How requests are keyed.
+#[derive(Clone)]
 enum Keying {
     PerRequest,
     Session { key_id: String, key: Sm4Key },
 }
 
-/// A member's connection to the clearing gateway.
+/// A member's connection to the clearing gateway. Clones share the connection and the
+/// session key, so one member can have many requests in flight.
+#[derive(Clone)]
 pub struct ClearingClient {
     grpc: ClearingServiceClient<Channel>,
     server_key: sm2::PublicKey,
