@@ -1,9 +1,14 @@
 //! `GET /v1/audit/decisions/{request_id}`: the whole why of one clearing decision — the
 //! trade, the model (ref, digest, stage), the policy versions and rules that fired, the
 //! cited clauses' text from the corpus version in force, the worker and batch, the
-//! snapshot, the event with its lineage records and an inclusion proof.
+//! snapshot, the event with its lineage records and an inclusion proof. Personal fields of
+//! the request are shown per the redaction policy (`audit/REDACTION.md`).
 
+use std::sync::Arc;
+
+use aether_audit::redaction::{Erasure, Presented, RedactionPolicy, present};
 use aether_control::Origin;
+use aether_ledger::personal::{REDACTION_EVENT_TYPE, REDACTION_STREAM};
 use aether_ledger::{EventFilter, RecordedEvent};
 use axum::Extension;
 use axum::extract::{Path, Query, State};
@@ -16,6 +21,72 @@ use crate::http::{AppState, Problem};
 
 /// Most decisions sharing one request id that are looked at (one per member).
 const MAX_MATCHES: u32 = 100;
+/// Redaction events read per page when looking for an event's erasures.
+const REDACTION_PAGE: u32 = 1000;
+
+/// Settings of the audit API.
+#[derive(clap::Args, Debug, Clone)]
+pub struct AuditArgs {
+    /// Personal field paths revealed to regulators in audit answers: `*` (every value still
+    /// held), `none`, or a list such as `trade.buyer,trade.seller`. Erased fields are never
+    /// revealed (audit/REDACTION.md).
+    #[arg(long, env = "AETHER_AUDIT_REVEAL", default_value = "*")]
+    pub audit_reveal: RedactionPolicy,
+}
+
+/// The policy in force: the one `serve` installed, else the default.
+pub(crate) type Policy = Option<Extension<Arc<RedactionPolicy>>>;
+
+pub(crate) fn policy_of(policy: Policy) -> Arc<RedactionPolicy> {
+    policy.map(|Extension(p)| p).unwrap_or_default()
+}
+
+/// `event`'s payload as a regulator may see it: personal fields revealed, withheld or
+/// marked erased by `policy`.
+pub(crate) async fn presented(
+    state: &AppState,
+    event: &RecordedEvent,
+    policy: &RedactionPolicy,
+) -> Result<(Presented, Vec<aether_ledger::personal::PersonalField>), Problem> {
+    let payload = event.payload_value().unwrap_or_default();
+    let held = state.store.personal_fields(event).await?;
+    let erasures = erasures(state, event).await?;
+    Ok((present(&payload, &held, &erasures, policy), held))
+}
+
+/// The recorded erasures of `event`'s personal fields (the `ledger/redactions` stream is
+/// read whole: erasures are rare).
+async fn erasures(state: &AppState, event: &RecordedEvent) -> Result<Vec<Erasure>, Problem> {
+    let filter = EventFilter {
+        event_type: Some(REDACTION_EVENT_TYPE.to_owned()),
+        stream_prefix: Some(REDACTION_STREAM.to_owned()),
+        ..EventFilter::default()
+    };
+    let id = event.event_id.to_string();
+    let mut found = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = state.store.query(&filter, after, REDACTION_PAGE).await?;
+        let Some(last) = page.last() else {
+            return Ok(found);
+        };
+        after = last.seq;
+        for r in &page {
+            let p = r.payload_value().unwrap_or_default();
+            if p["event_id"].as_str() != Some(id.as_str()) {
+                continue;
+            }
+            if let Some(member) = p["member"].as_str() {
+                found.push(Erasure {
+                    member: member.to_owned(),
+                    seq: r.seq,
+                    reason: p["reason"].as_str().unwrap_or_default().to_owned(),
+                    recorded_at: r.recorded_at.to_rfc3339(),
+                });
+            }
+        }
+    }
+}
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -27,6 +98,7 @@ pub struct DecisionQuery {
 pub async fn decision(
     State(state): State<AppState>,
     Extension(origin): Extension<Origin>,
+    policy: Policy,
     headers: HeaderMap,
     Path(request_id): Path<String>,
     query: Result<Query<DecisionQuery>, axum::extract::rejection::QueryRejection>,
@@ -92,10 +164,17 @@ pub async fn decision(
         .await
         .ok()
         .flatten();
-    Ok(axum::Json(explain(&state, &event, lineage, proof)).into_response())
+    let policy = policy_of(policy);
+    let (shown, _) = presented(&state, &event, &policy).await?;
+    let mut why = explain(&state, &event, lineage, proof);
+    why["trade"] = shown.payload["trade"].clone();
+    why["personal_fields"] = json!(shown.fields);
+    why["redaction_policy"] = json!(policy.to_string());
+    Ok(axum::Json(why).into_response())
 }
 
-/// The explanation document of one `ClearingDecided` event.
+/// The explanation document of one `ClearingDecided` event; its `trade` still holds the
+/// personal placeholders (the caller applies the redaction policy).
 fn explain(
     state: &AppState,
     event: &RecordedEvent,

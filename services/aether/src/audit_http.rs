@@ -44,9 +44,9 @@ pub fn routes() -> Router<AppState> {
 /// Most events one export may hold (see BENCHMARKS.md for the time it takes).
 const MAX_EXPORT_EVENTS: u64 = 100_000;
 
-type Params = Result<Query<HashMap<String, String>>, QueryRejection>;
+pub(crate) type Params = Result<Query<HashMap<String, String>>, QueryRejection>;
 
-fn params(query: Params, allowed: &[&str]) -> Result<HashMap<String, String>, Problem> {
+pub(crate) fn params(query: Params, allowed: &[&str]) -> Result<HashMap<String, String>, Problem> {
     let Query(params) = query.map_err(|e| Problem::bad_request(e.body_text()))?;
     if let Some(unknown) = params.keys().find(|k| !allowed.contains(&k.as_str())) {
         return Err(Problem::bad_request(format!(
@@ -57,7 +57,7 @@ fn params(query: Params, allowed: &[&str]) -> Result<HashMap<String, String>, Pr
     Ok(params)
 }
 
-fn time_param(
+pub(crate) fn time_param(
     params: &HashMap<String, String>,
     name: &str,
 ) -> Result<Option<DateTime<Utc>>, Problem> {
@@ -192,6 +192,7 @@ fn proof_problem(e: aether_ledger::merkle::ProofError) -> Problem {
 async fn event(
     State(state): State<AppState>,
     Extension(origin): Extension<Origin>,
+    policy: crate::audit_decisions::Policy,
     headers: HeaderMap,
     Path(seq): Path<String>,
 ) -> Result<Response, Problem> {
@@ -223,16 +224,19 @@ async fn event(
             )
         })?;
     let proof = inclusion_against_latest(&state, seq).await?;
-    // Personal values still held, with their salts, so that the regulator can check them
-    // against the commitments in the hashed payload.
-    let personal = state.store.personal_fields(&event).await?;
+    // Personal values the redaction policy reveals, with their salts, so that the regulator
+    // can check them against the commitments in the hashed payload.
+    let policy = crate::audit_decisions::policy_of(policy);
+    let (shown, held) = crate::audit_decisions::presented(&state, &event, &policy).await?;
     let lineage = aether_lineage::relay::record(&state.store, seq)
         .await
         .ok()
         .flatten();
     Ok(axum::Json(json!({
         "event": event,
-        "personal": personal,
+        "personal": shown.revealed(&held),
+        "personal_fields": shown.fields,
+        "redaction_policy": policy.to_string(),
         "lineage": lineage,
         "note": proof_note(&proof),
         "inclusion_proof": proof,
