@@ -1,6 +1,8 @@
 //! Support for the end-to-end tests: running real `aether` processes on real data
 //! directories and databases, and talking to them over HTTP.
 
+pub mod clearing;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};

@@ -5,125 +5,21 @@
 
 use std::path::Path;
 
+use aether_e2e::clearing::{WorkerProcess, activate, client, decisions, get, trade};
 use aether_e2e::{OPERATOR_TOKEN, REGULATOR_TOKEN, Server, http};
 use aether_gateway::certs::PkiLayout;
-use aether_gateway::client::{ClearingClient, ClientError};
+use aether_gateway::client::ClientError;
 use aether_gateway::envelope::{
     Aad, Direction, KEY_HEADER, Sm4Key, encode_wrapped_key, seal, unix_now, wrap_key,
 };
 use aether_gateway::identity::Role;
 use aether_gateway::pb::v1::clearing_service_client::ClearingServiceClient;
-use aether_gateway::pb::v1::{ClearingRequest, Decision, SealedRequest, Trade};
+use aether_gateway::pb::v1::{ClearingRequest, Decision, SealedRequest};
 use aether_gateway::service::METHOD_SUBMIT;
 use aether_gateway::tls::{TlsPaths, client_tls_config};
 use aether_gpu_worker::reference::{REFERENCE_MODEL_DIGEST, REFERENCE_MODEL_REF};
 use prost::Message;
-use serde_json::{Value, json};
 use sm2::pkcs8::DecodePublicKey;
-
-fn trade(amount_minor: i64) -> ClearingRequest {
-    ClearingRequest {
-        trade: Some(Trade {
-            buyer: "bank-a".into(),
-            seller: "bank-b".into(),
-            instrument: "SG0000000001".into(),
-            currency: "SGD".into(),
-            amount_minor,
-            value_date: "2026-12-02".into(),
-            jurisdiction: "SG".into(),
-            counterparty_tier: 2,
-        }),
-        ..ClearingRequest::default()
-    }
-}
-
-async fn get(server: &Server, path: &str) -> Value {
-    http()
-        .get(server.url(path))
-        .bearer_auth(REGULATOR_TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
-async fn post(server: &Server, path: &str, body: Value) -> (u16, Value) {
-    let resp = http()
-        .post(server.url(path))
-        .bearer_auth(OPERATOR_TOKEN)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    (
-        resp.status().as_u16(),
-        resp.json().await.unwrap_or(Value::Null),
-    )
-}
-
-/// Registers the reference model, ingests aml_v2 and the example corpus, activates the
-/// engine and waits until it is active.
-async fn activate(server: &Server) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let weights = root.join("gpu-worker/model/reference/model.safetensors");
-    let (status, body) = post(
-        server,
-        "/v1/models",
-        json!({"ref": REFERENCE_MODEL_REF, "uri": weights.canonicalize().unwrap().to_str().unwrap(),
-               "digest": REFERENCE_MODEL_DIGEST, "feature_schema": {"schema": "aether.features.v1"}}),
-    )
-    .await;
-    assert_eq!(status, 201, "{body}");
-    let policy = std::fs::read_to_string(root.join("services/rules/policies/aml_v2.yaml")).unwrap();
-    let resp = http()
-        .post(server.url("/v1/policy/ingest"))
-        .bearer_auth(OPERATOR_TOKEN)
-        .header("content-type", "application/yaml")
-        .body(policy)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 201);
-    let doc =
-        std::fs::read_to_string(root.join("services/rag/corpus/threshold-reporting.md")).unwrap();
-    let (status, body) = post(
-        server,
-        "/v1/corpus/ingest",
-        json!({"name": "sg-clearing", "documents": [{"id": "threshold-reporting", "text": doc}]}),
-    )
-    .await;
-    assert_eq!(status, 201, "{body}");
-    let (status, body) = post(
-        server,
-        "/v1/engine/activate",
-        json!({"model_ref": REFERENCE_MODEL_REF, "traffic_weight": 1.0, "policy_hooks": ["aml_v2"]}),
-    )
-    .await;
-    assert_eq!(status, 202, "{body}");
-    for _ in 0..200 {
-        let engines = get(server, "/v1/engines").await;
-        if engines["engines"][0]["status"] == "active" {
-            return;
-        }
-        assert_ne!(engines["engines"][0]["status"], "failed", "{engines}");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    panic!("the engine did not become active");
-}
-
-async fn client(server: &Server, data: &Path, member: &str) -> ClearingClient {
-    let layout = PkiLayout::new(data);
-    ClearingClient::connect(
-        &server.grpc_url,
-        &TlsPaths::client(&layout, Role::Member, member),
-        &data.join("keys/envelope.pub.pem"),
-        member,
-    )
-    .await
-    .unwrap()
-}
 
 async fn raw(
     server: &Server,
@@ -181,15 +77,6 @@ fn with_header(sealed: SealedRequest, header: &str) -> tonic::Request<SealedRequ
     let mut r = tonic::Request::new(sealed);
     r.metadata_mut().insert(KEY_HEADER, header.parse().unwrap());
     r
-}
-
-async fn decisions(server: &Server) -> Vec<Value> {
-    let page = get(
-        server,
-        "/v1/audit/events?event_type=ClearingDecided&limit=1000",
-    )
-    .await;
-    page["events"].as_array().unwrap().clone()
 }
 
 /// Clearing events recorded so far: decisions and batch nettings.
@@ -375,51 +262,6 @@ async fn trades_are_cleared_over_mtls_with_envelopes_and_every_decision_is_on_th
         .collect();
     assert_eq!(ids, ["req-1", "req-2", "req-replay"]);
     assert!(server.terminate().success());
-}
-
-/// A running `aether worker`, killed on drop.
-struct WorkerProcess(std::process::Child);
-
-impl WorkerProcess {
-    fn start(server: &Server, data: &Path, id: &str, delay_ms: u64) -> WorkerProcess {
-        use std::io::BufRead;
-        let mut child = std::process::Command::new(aether_e2e::aether_bin())
-            .args(["worker", "--connect", &server.grpc_url, "--id", id])
-            .arg("--data-dir")
-            .arg(data)
-            .args(["--delay-ms", &delay_ms.to_string()])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stdout)
-                .lines()
-                .map_while(Result::ok)
-            {
-                if line.starts_with("aether worker ") {
-                    let _ = tx.send(());
-                }
-            }
-        });
-        rx.recv_timeout(std::time::Duration::from_secs(30))
-            .expect("the worker did not connect within 30 s");
-        WorkerProcess(child)
-    }
-
-    fn kill(mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for WorkerProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

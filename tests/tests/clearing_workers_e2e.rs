@@ -1,0 +1,121 @@
+//! Clearing with remote workers only: a gateway started with `--no-local-workers` never
+//! reads the model file, and a flood beyond its bounded queue is refused with
+//! RESOURCE_EXHAUSTED, records nothing for the refused trades, and leaves the service
+//! serving.
+
+use std::collections::BTreeSet;
+
+use aether_e2e::Server;
+use aether_e2e::clearing::{
+    WorkerProcess, activate, activate_with_model_uri, client, decisions, events_of_type, trade,
+};
+use aether_gateway::client::ClientError;
+use aether_gateway::pb::v1::Decision;
+use aether_gpu_worker::reference::REFERENCE_MODEL_DIGEST;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_without_local_workers_never_reads_the_model_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &[("AETHER_NO_LOCAL_WORKERS", "true")]);
+    // An artifact the gateway cannot read: only the worker holds the model.
+    activate_with_model_uri(&server, "s3://aether-models/reference/model.safetensors").await;
+    let mut bank_a = client(&server, &data, "bank-a").await;
+
+    // No worker yet: the refusal names the missing worker, not an unreadable file.
+    match bank_a.submit("req-none", &trade(50_000)).await {
+        Err(ClientError::Status { code, message }) => {
+            assert_eq!(code, tonic::Code::Unavailable, "{message}");
+            assert!(
+                message.contains("no connected worker holds model"),
+                "{message}"
+            );
+            assert!(message.contains(REFERENCE_MODEL_DIGEST), "{message}");
+        }
+        other => panic!("expected UNAVAILABLE, got {other:?}"),
+    }
+
+    let _worker = WorkerProcess::start(&server, &data, "worker-1", 0);
+    let answer = bank_a.submit("req-1", &trade(50_000)).await.unwrap();
+    assert_eq!(answer.decision, Decision::Cleared as i32, "{answer:?}");
+    let all = decisions(&server).await;
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert_eq!(all[0]["payload"]["worker"], "worker-1");
+    assert_eq!(all[0]["payload"]["model_digest"], REFERENCE_MODEL_DIGEST);
+    assert!(server.terminate().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_past_the_queue_is_refused_records_nothing_and_the_gateway_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    // One batch at a time, one trade per batch, two trades queued at most, and a worker
+    // that takes a second per batch: a burst must overflow.
+    let server = Server::start(
+        &data,
+        &[
+            ("AETHER_NO_LOCAL_WORKERS", "true"),
+            ("AETHER_QUEUE_CAPACITY", "2"),
+            ("AETHER_WORKERS", "1"),
+            ("AETHER_BATCH_MAX", "1"),
+        ],
+    );
+    activate(&server).await;
+    let _worker = WorkerProcess::start(&server, &data, "worker-1", 1_000);
+    let mut bank_a = client(&server, &data, "bank-a").await;
+    bank_a.key_exchange().await.unwrap();
+
+    let burst: Vec<_> = (0..24i64)
+        .map(|n| {
+            let mut member = bank_a.clone();
+            tokio::spawn(async move {
+                let id = format!("flood-{n}");
+                let result = member.submit(&id, &trade(10_000 + n)).await;
+                (id, result)
+            })
+        })
+        .collect();
+    let mut accepted = BTreeSet::new();
+    let mut refused = BTreeSet::new();
+    for task in burst {
+        let (id, result) = task.await.unwrap();
+        match result {
+            Ok(answer) => {
+                assert!(!answer.replayed, "{answer:?}");
+                accepted.insert(id);
+            }
+            Err(ClientError::Status { code, message }) => {
+                assert_eq!(code, tonic::Code::ResourceExhausted, "{id}: {message}");
+                assert!(
+                    message.contains("queue is full") && message.contains("retry"),
+                    "{message}"
+                );
+                refused.insert(id);
+            }
+            Err(e) => panic!("{id}: {e}"),
+        }
+    }
+    assert!(!refused.is_empty(), "nothing was refused: {accepted:?}");
+    assert!(!accepted.is_empty(), "nothing was accepted");
+
+    // Exactly the accepted trades are on the ledger, each netted once.
+    let decided: BTreeSet<String> = decisions(&server)
+        .await
+        .iter()
+        .map(|e| e["metadata"]["request_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(decided, accepted);
+    let netted: u64 = events_of_type(&server, "NettingComputed")
+        .await
+        .iter()
+        .map(|e| e["payload"]["trades"].as_u64().unwrap())
+        .sum();
+    assert_eq!(netted, accepted.len() as u64);
+
+    // The gateway keeps serving: a refused request id sent again is decided now.
+    let retry = refused.first().unwrap().clone();
+    let answer = bank_a.submit(&retry, &trade(10_000)).await.unwrap();
+    assert!(!answer.replayed, "{answer:?}");
+    assert_eq!(decisions(&server).await.len(), accepted.len() + 1);
+    assert!(server.terminate().success());
+}
