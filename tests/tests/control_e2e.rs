@@ -826,3 +826,69 @@ async fn a_rollback_restores_a_snapshot_in_one_event_and_survives_a_restart() {
     assert_eq!(policies(&server).await["rule_set_digest"], digest_v1);
     assert!(server.terminate().success());
 }
+
+/// The OpenAPI document names every control-plane operation, and every operation it names
+/// exists on the running service and refuses a caller without a token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openapi_document_matches_the_routes() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let resp = http()
+        .get(server.url("/v1/openapi.json"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let doc: Value = resp.json().await.unwrap();
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"), "{doc}");
+    let paths = doc["paths"].as_object().unwrap();
+    for (path, method) in [
+        ("/v1/policy/ingest", "post"),
+        ("/v1/policies", "get"),
+        ("/v1/policies/{name}/versions", "get"),
+        ("/v1/models", "post"),
+        ("/v1/models", "get"),
+        ("/v1/engine/activate", "post"),
+        ("/v1/engines", "get"),
+        ("/v1/engines/{region}", "get"),
+        ("/v1/rollouts", "post"),
+        ("/v1/rollouts/{id}/{command}", "post"),
+        ("/v1/corpus/ingest", "post"),
+        ("/v1/corpora/{name}/search", "get"),
+        ("/v1/snapshots", "post"),
+        ("/v1/rollback", "post"),
+        ("/v1/state", "get"),
+    ] {
+        assert!(
+            paths.get(path).is_some_and(|p| p[method].is_object()),
+            "{method} {path} missing from {:?}",
+            paths.keys().collect::<Vec<_>>()
+        );
+    }
+    assert_eq!(
+        paths["/v1/engine/activate"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+            ["$ref"],
+        "#/components/schemas/ActivationRequest"
+    );
+    let mut checked = 0;
+    for (path, item) in paths {
+        let url = server.url(&path.replace('{', "").replace('}', ""));
+        for method in item.as_object().unwrap().keys() {
+            let request = match method.as_str() {
+                "get" => http().get(&url),
+                "post" => http().post(&url).json(&serde_json::json!({})),
+                other => panic!("unexpected method {other} on {path}"),
+            };
+            let resp = request.send().await.unwrap();
+            assert_eq!(resp.status(), 401, "{method} {path} without a token");
+            assert_eq!(
+                resp.headers()["content-type"],
+                "application/problem+json",
+                "{method} {path}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 20, "{checked} operations");
+    assert!(server.terminate().success());
+}

@@ -1,17 +1,18 @@
-//! The control plane's HTTP surface built so far: policy ingest and listing.
+//! The control plane's HTTP surface: policies, models, engines, rollouts and the state
+//! digest, each handler documented for the OpenAPI document.
 
 use aether_control::{
     ActivationRequest, Command, EngineError, IngestError, ModelError, ModelSpec, RolloutError,
     RolloutRequest,
 };
 use aether_rules::{PolicyError, PolicyFormat};
-use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use serde_json::json;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::auth::Role;
 use aether_control::Origin;
@@ -19,23 +20,27 @@ use axum::Extension;
 
 use crate::http::{AppState, Problem, authorize, origin_of};
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/policy/ingest", post(ingest))
-        .route("/v1/policies", get(list))
-        .route("/v1/policies/{name}/versions", get(versions))
-        .route("/v1/models", post(register_model).get(list_models))
-        .route("/v1/engine/activate", post(activate))
-        .route("/v1/engines", get(list_engines))
-        .route("/v1/engines/{region}", get(engine))
-        .route("/v1/rollouts", post(start_rollout).get(list_rollouts))
-        .route("/v1/rollouts/{id}", get(rollout))
-        .route("/v1/rollouts/{id}/{command}", post(rollout_command))
-        .route("/v1/state", get(control_state))
+/// The control plane's documented routes (see [`crate::openapi`]).
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(ingest))
+        .routes(routes!(list))
+        .routes(routes!(versions))
+        .routes(routes!(register_model, list_models))
+        .routes(routes!(activate))
+        .routes(routes!(list_engines))
+        .routes(routes!(engine))
+        .routes(routes!(start_rollout, list_rollouts))
+        .routes(routes!(rollout))
+        .routes(routes!(rollout_command))
+        .routes(routes!(control_state))
 }
 
 /// `GET /v1/state`: the projected control-plane state and its SM3 digest, to compare with
 /// `aether replay`.
+#[utoipa::path(get, path = "/v1/state", tag = "state",
+    description = "The projected control-plane state and its SM3 digest (compare with `aether replay`). Role: operator or regulator.",
+    responses((status = 200, description = "`{digest, state}`", body = serde_json::Value)))]
 async fn control_state(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -69,6 +74,12 @@ fn rollout_problem(e: RolloutError) -> Problem {
 }
 
 /// `POST /v1/rollouts` (operator): `{baseline, candidate, steps?, analysis?}`.
+#[utoipa::path(post, path = "/v1/rollouts", tag = "rollouts", request_body = RolloutRequest,
+    description = "Starts a rollout of `candidate` against `baseline` (one region), recording `RolloutStarted`. Role: operator.",
+    responses(
+        (status = 201, description = "`{rollout, event}`", body = serde_json::Value),
+        (status = 409, description = "Another rollout is in progress in the region"),
+        (status = 422, description = "Unknown model, models of two regions, or bad steps")))]
 async fn start_rollout(
     State(state): State<AppState>,
     Extension(origin): Extension<Origin>,
@@ -94,6 +105,15 @@ async fn start_rollout(
 
 /// `POST /v1/rollouts/{id}/{step|pause|resume|promote|abort}` (operator), optional body
 /// `{expected_version, reason}`.
+#[utoipa::path(post, path = "/v1/rollouts/{id}/{command}", tag = "rollouts",
+    description = "Applies `step`, `pause`, `resume`, `promote` or `abort` if the state machine allows it; optional body `{expected_version, reason}` (409 when stale). Role: operator.",
+    params(("id" = String, Path, description = "Rollout id"),
+           ("command" = String, Path, description = "step | pause | resume | promote | abort")),
+    request_body(content = serde_json::Value, description = "Optional `{expected_version, reason}`"),
+    responses(
+        (status = 200, description = "`{rollout, event}`", body = serde_json::Value),
+        (status = 404, description = "No such rollout or command"),
+        (status = 409, description = "Not allowed in the rollout's phase, or a stale expected_version")))]
 async fn rollout_command(
     State(state): State<AppState>,
     Extension(origin): Extension<Origin>,
@@ -132,6 +152,9 @@ async fn rollout_command(
     Ok(axum::Json(json!({ "rollout": rollout, "event": event })).into_response())
 }
 
+#[utoipa::path(get, path = "/v1/rollouts", tag = "rollouts",
+    description = "Every rollout with its phase, step and candidate weight. Role: operator or regulator.",
+    responses((status = 200, description = "`{rollouts: [...]}`", body = serde_json::Value)))]
 async fn list_rollouts(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -140,6 +163,11 @@ async fn list_rollouts(
     Ok(axum::Json(json!({ "rollouts": state.control.rollouts.all() })).into_response())
 }
 
+#[utoipa::path(get, path = "/v1/rollouts/{id}", tag = "rollouts",
+    description = "One rollout. Role: operator or regulator.",
+    params(("id" = String, Path, description = "Rollout id")),
+    responses((status = 200, description = "The rollout", body = serde_json::Value),
+              (status = 404, description = "No such rollout")))]
 async fn rollout(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -190,6 +218,13 @@ fn model_problem(e: ModelError) -> Problem {
 }
 
 /// `POST /v1/models` (operator): `{ref, uri, digest, feature_schema}` → `ModelRegistered`.
+#[utoipa::path(post, path = "/v1/models", tag = "models", request_body = ModelSpec,
+    description = "Registers a model artifact (`ModelRegistered`); registering the same spec again changes nothing. Role: operator.",
+    responses(
+        (status = 201, description = "`{model, event}`", body = serde_json::Value),
+        (status = 200, description = "Already registered with this spec: `{model, event: null}`", body = serde_json::Value),
+        (status = 409, description = "The ref is registered with another spec"),
+        (status = 422, description = "Bad ref, digest or feature schema, or an unreadable artifact")))]
 async fn register_model(
     State(state): State<AppState>,
     Extension(origin): Extension<Origin>,
@@ -213,6 +248,9 @@ async fn register_model(
     }
 }
 
+#[utoipa::path(get, path = "/v1/models", tag = "models",
+    description = "Every registered model. Role: operator or regulator.",
+    responses((status = 200, description = "`{models: [...]}`", body = serde_json::Value)))]
 async fn list_models(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -222,6 +260,12 @@ async fn list_models(
 }
 
 /// `POST /v1/engine/activate` (operator): 202 with the request event; the steps follow.
+#[utoipa::path(post, path = "/v1/engine/activate", tag = "engines", request_body = ActivationRequest,
+    description = "Records `EngineActivationRequested` and answers at once; the artifact check, policy binding and circuit breaker follow as events, ending in `EngineActivated` or `EngineActivationFailed`. Role: operator.",
+    responses(
+        (status = 202, description = "`{event, status_url}`; `Location` names the engine", body = serde_json::Value),
+        (status = 409, description = "The region is already activating"),
+        (status = 422, description = "Unknown model, weight outside (0, 1], or a bad hook")))]
 async fn activate(
     State(state): State<AppState>,
     Extension(origin): Extension<Origin>,
@@ -267,6 +311,9 @@ async fn activate(
     }
 }
 
+#[utoipa::path(get, path = "/v1/engines", tag = "engines",
+    description = "Every engine by region. Role: operator or regulator.",
+    responses((status = 200, description = "`{engines: [...]}`", body = serde_json::Value)))]
 async fn list_engines(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -275,6 +322,11 @@ async fn list_engines(
     Ok(axum::Json(json!({ "engines": state.control.engines.engines() })).into_response())
 }
 
+#[utoipa::path(get, path = "/v1/engines/{region}", tag = "engines",
+    description = "One region's engine with its activation steps. Role: operator or regulator.",
+    params(("region" = String, Path, description = "Region")),
+    responses((status = 200, description = "The engine", body = serde_json::Value),
+              (status = 404, description = "No engine in the region")))]
 async fn engine(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -315,6 +367,15 @@ fn format_of(headers: &HeaderMap) -> Result<PolicyFormat, Problem> {
 }
 
 /// `POST /v1/policy/ingest` (operator): a policy document as JSON or YAML.
+#[utoipa::path(post, path = "/v1/policy/ingest", tag = "policies",
+    description = "Compiles and type-checks a CEL policy (JSON or YAML by Content-Type) and hot-loads it as a new version (`PolicyIngested`); a refusal is recorded as `PolicyIngestRejected` and changes nothing else. Role: operator.",
+    request_body(content = String, content_type = "application/yaml", description = "The policy document (application/json also accepted)"),
+    responses(
+        (status = 201, description = "`{policy, event}`", body = serde_json::Value),
+        (status = 200, description = "This version was already ingested with the same digest", body = serde_json::Value),
+        (status = 409, description = "The version exists with another digest"),
+        (status = 415, description = "Not application/json or application/yaml"),
+        (status = 422, description = "Invalid policy: the problem names the rule, line and column")))]
 async fn ingest(
     State(state): State<AppState>,
     Extension(origin): Extension<Origin>,
@@ -378,6 +439,9 @@ fn invalid_policy(e: &PolicyError) -> Problem {
 }
 
 /// `GET /v1/policies`: every policy, its active version and how many versions it has.
+#[utoipa::path(get, path = "/v1/policies", tag = "policies",
+    description = "Every policy with its active version, and the digest of the rule set in force. Role: operator or regulator.",
+    responses((status = 200, description = "`{policies, rule_set_digest}`", body = serde_json::Value)))]
 async fn list(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, Problem> {
     authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
     let policies: Vec<_> = state
@@ -396,6 +460,11 @@ async fn list(State(state): State<AppState>, headers: HeaderMap) -> Result<Respo
 }
 
 /// `GET /v1/policies/{name}/versions`: one policy's versions, oldest first.
+#[utoipa::path(get, path = "/v1/policies/{name}/versions", tag = "policies",
+    description = "One policy's versions, oldest first. Role: operator or regulator.",
+    params(("name" = String, Path, description = "Policy name")),
+    responses((status = 200, description = "`{name, versions}`", body = serde_json::Value),
+              (status = 404, description = "No policy of that name")))]
 async fn versions(
     State(state): State<AppState>,
     headers: HeaderMap,

@@ -1,28 +1,36 @@
 //! The regulatory corpus over HTTP: ingest (operator) and read (operator, regulator).
 
 use aether_control::{CorpusError, CorpusIngest, Origin};
+use axum::Extension;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Extension, Router};
 use serde_json::json;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::auth::Role;
 use crate::control_http::json_body;
 use crate::http::{AppState, Problem, authorize, origin_of};
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/corpus/ingest", post(ingest))
-        .route("/v1/corpora", get(list))
-        .route("/v1/corpora/{name}/versions", get(versions))
-        .route("/v1/corpora/{name}/search", get(search))
-        .route("/v1/corpora/{name}/clauses/{id}", get(clause))
+/// The corpus routes, documented (see [`crate::openapi`]).
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(ingest))
+        .routes(routes!(list))
+        .routes(routes!(versions))
+        .routes(routes!(search))
+        .routes(routes!(clause))
 }
 
 /// `POST /v1/corpus/ingest` (operator): `{name, documents: [{id, format, text}], replace}`.
+#[utoipa::path(post, path = "/v1/corpus/ingest", tag = "corpora", request_body = CorpusIngest,
+    description = "Adds documents to (or, with `replace`, makes up) the corpus's next version, recorded as `CorpusIngested` with the version digest; a refusal is recorded as `CorpusIngestRejected`. Role: operator.",
+    responses(
+        (status = 201, description = "`{corpus, event}` with the new version", body = serde_json::Value),
+        (status = 409, description = "A concurrent ingest changed the corpus"),
+        (status = 422, description = "Empty or malformed documents")))]
 async fn ingest(
     State(state): State<AppState>,
     Extension(origin): Extension<Origin>,
@@ -70,6 +78,9 @@ fn not_found(name: &str) -> Problem {
 }
 
 /// `GET /v1/corpora`: every corpus with its current version.
+#[utoipa::path(get, path = "/v1/corpora", tag = "corpora",
+    description = "Every corpus with its current version. Role: operator or regulator.",
+    responses((status = 200, description = "`{corpora: [...]}`", body = serde_json::Value)))]
 async fn list(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, Problem> {
     authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
     let corpora: Vec<_> = state
@@ -85,6 +96,11 @@ async fn list(State(state): State<AppState>, headers: HeaderMap) -> Result<Respo
 }
 
 /// `GET /v1/corpora/{name}/versions`: one corpus's versions, oldest first.
+#[utoipa::path(get, path = "/v1/corpora/{name}/versions", tag = "corpora",
+    description = "One corpus's versions, oldest first. Role: operator or regulator.",
+    params(("name" = String, Path, description = "Corpus name")),
+    responses((status = 200, description = "The versions", body = serde_json::Value),
+              (status = 404, description = "No such corpus")))]
 async fn versions(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -108,6 +124,13 @@ struct SearchQuery {
 }
 
 /// `GET /v1/corpora/{name}/search?q=&limit=`: BM25 search of the current version.
+#[utoipa::path(get, path = "/v1/corpora/{name}/search", tag = "corpora",
+    description = "BM25 search of the current version's clauses. Role: operator or regulator.",
+    params(("name" = String, Path, description = "Corpus name"),
+           ("q" = String, Query, description = "Search terms"),
+           ("limit" = Option<u32>, Query, description = "Most hits to return (default 5)")),
+    responses((status = 200, description = "`{corpus, version, hits}`", body = serde_json::Value),
+              (status = 404, description = "No such corpus")))]
 async fn search(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -134,6 +157,12 @@ async fn search(
 }
 
 /// `GET /v1/corpora/{name}/clauses/{id}`: one clause of the current version.
+#[utoipa::path(get, path = "/v1/corpora/{name}/clauses/{id}", tag = "corpora",
+    description = "One clause of the current version by its stable id. Role: operator or regulator.",
+    params(("name" = String, Path, description = "Corpus name"),
+           ("id" = String, Path, description = "Clause id")),
+    responses((status = 200, description = "The clause", body = serde_json::Value),
+              (status = 404, description = "No such corpus or clause")))]
 async fn clause(
     State(state): State<AppState>,
     headers: HeaderMap,

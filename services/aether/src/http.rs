@@ -40,7 +40,25 @@ pub struct AppState {
 }
 
 pub fn router(state: AppState) -> Router {
+    let (documented, doc) = crate::openapi::split(
+        crate::openapi::documented()
+            .merge(crate::control_http::routes())
+            .merge(crate::corpus_http::routes())
+            .merge(crate::snapshot_http::routes()),
+    );
+    // Rendered once: the document is fixed for the life of the process.
+    let doc: Arc<str> = serde_json::to_string(&doc).unwrap_or_default().into();
     Router::new()
+        .route(
+            crate::openapi::PATH,
+            get(move || async move {
+                (
+                    [(header::CONTENT_TYPE, "application/json")],
+                    doc.to_string(),
+                )
+            }),
+        )
+        .merge(documented)
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -53,9 +71,6 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/lineage/events/{seq}", get(lineage_record))
         .merge(crate::audit_http::routes())
-        .merge(crate::control_http::routes())
-        .merge(crate::corpus_http::routes())
-        .merge(crate::snapshot_http::routes())
         .fallback(not_found)
         .layer(axum::middleware::from_fn(colour))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

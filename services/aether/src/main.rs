@@ -10,6 +10,7 @@ mod control_http;
 mod corpus_http;
 mod http;
 mod model;
+mod openapi;
 mod serve;
 mod snapshot_http;
 mod worker;

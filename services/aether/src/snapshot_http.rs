@@ -5,14 +5,15 @@ use std::time::Duration;
 
 use aether_control::snapshot::DEFAULT_TTL;
 use aether_control::{Origin, SnapshotError};
+use axum::Extension;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Extension, Router};
 use serde::Deserialize;
 use serde_json::json;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::auth::Role;
 use crate::control_http::json_body;
@@ -21,20 +22,30 @@ use crate::http::{AppState, Problem, authorize, origin_of};
 /// Longest ttl a caller may ask for: a prepare must not pin versions for long.
 const MAX_TTL_MS: u64 = 300_000;
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/snapshots", get(list).post(take))
-        .route("/v1/rollback", post(rollback))
+/// The snapshot routes, documented (see [`crate::openapi`]).
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(take, list))
+        .routes(routes!(rollback))
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct TakeRequest {
+    /// How long prepare may take, 1..=300000 ms (default 30000).
     ttl_ms: Option<u64>,
 }
 
 /// `POST /v1/snapshots` (operator), body optional `{ttl_ms}`: 201 with the committed
 /// snapshot; 409 when a participant refused, 503 when the ttl passed.
+#[utoipa::path(post, path = "/v1/snapshots", tag = "snapshots",
+    description = "Two-phase snapshot of gateway routing, rule set and corpus under a ttl (default 30 s): `SnapshotCommitted`, or `SnapshotAborted` and nothing changed. Role: operator.",
+    request_body(content = Option<TakeRequest>, description = "Optional"),
+    responses(
+        (status = 201, description = "The committed snapshot with every participant's pin and digest", body = serde_json::Value),
+        (status = 409, description = "A participant refused; recorded as SnapshotAborted"),
+        (status = 422, description = "ttl_ms out of range"),
+        (status = 503, description = "The ttl passed before every participant pinned; recorded as SnapshotAborted")))]
 async fn take(
     State(state): State<AppState>,
     Extension(origin): Extension<Origin>,
@@ -100,25 +111,38 @@ fn problem(e: SnapshotError) -> Problem {
 }
 
 /// `GET /v1/snapshots` (operator, regulator): committed snapshots and rollbacks.
+#[utoipa::path(get, path = "/v1/snapshots", tag = "snapshots",
+    description = "Committed snapshots and rollbacks, oldest first, and the snapshot in force. Role: operator or regulator.",
+    responses((status = 200, description = "`{snapshots, rollbacks, in_force}`", body = serde_json::Value)))]
 async fn list(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, Problem> {
     authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
     let snapshots = &state.control.snapshots;
     Ok(axum::Json(json!({
+        "in_force": snapshots.in_force(),
         "snapshots": snapshots.snapshots(),
         "rollbacks": snapshots.rollbacks(),
     }))
     .into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct RollbackRequest {
+    /// A committed snapshot's id, or `previous` (the one before the newest).
     snapshot_id: String,
     reason: String,
 }
 
-/// `POST /v1/rollback` (operator) `{snapshot_id | "previous", reason}`: restores rules
-/// and corpora to the snapshot's pins and records one `RolledBack`.
+/// `POST /v1/rollback` (operator) `{snapshot_id | "previous", reason}`: restores routing,
+/// rules and corpora to the snapshot's pins and records one `RolledBack`.
+#[utoipa::path(post, path = "/v1/rollback", tag = "snapshots",
+    description = "Restores routing, rule set and corpus versions to a committed snapshot (`snapshot_id`, or `previous`) and records one `RolledBack`; if any part cannot be restored, nothing changes. Role: operator.",
+    request_body = RollbackRequest,
+    responses(
+        (status = 200, description = "The rollback record with the restored digests", body = serde_json::Value),
+        (status = 404, description = "No committed snapshot of that id"),
+        (status = 409, description = "A participant could not be restored; nothing changed"),
+        (status = 422, description = "Empty reason")))]
 async fn rollback(
     State(state): State<AppState>,
     Extension(origin): Extension<Origin>,

@@ -30,7 +30,7 @@ pub fn corpus_stream(name: &str) -> String {
 }
 
 /// One document in an ingest request.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DocumentInput {
     pub id: String,
@@ -41,7 +41,7 @@ pub struct DocumentInput {
 }
 
 /// Document formats accepted over the API.
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum DocumentKind {
     #[default]
@@ -71,7 +71,7 @@ impl DocumentInput {
 
 /// An ingest request: documents added to (`replace: false`, the default) or making up
 /// (`replace: true`) the corpus's next version.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CorpusIngest {
     pub name: String,

@@ -30,7 +30,7 @@ pub const ACTIVATED: &str = "EngineActivated";
 pub const ACTIVATION_FAILED: &str = "EngineActivationFailed";
 
 /// The operator's request.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ActivationRequest {
     pub model_ref: String,

@@ -19,7 +19,7 @@ use crate::replay::Pages;
 pub const MODEL_REGISTERED: &str = "ModelRegistered";
 
 /// A model artifact as registered.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSpec {
     /// `name@region`, e.g. `finmoe-7b-v3@sgp-region`.
@@ -30,6 +30,7 @@ pub struct ModelSpec {
     /// SM3 of the artifact's bytes, 64 lowercase hex digits.
     pub digest: String,
     /// The features the model expects, as a JSON object (name → type).
+    #[schema(value_type = Object)]
     pub feature_schema: serde_json::Map<String, serde_json::Value>,
 }
 

@@ -33,7 +33,7 @@ pub const ABORTED: &str = "RolloutAborted";
 pub const DEFAULT_STEPS: [u32; 7] = [1, 2, 5, 10, 25, 50, 100];
 
 /// What an operator asks for.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RolloutRequest {
     pub baseline: String,
@@ -42,6 +42,7 @@ pub struct RolloutRequest {
     pub steps: Vec<u32>,
     /// Analysis settings, kept as given for the rollout controller (issue 7).
     #[serde(default)]
+    #[schema(value_type = Object)]
     pub analysis: serde_json::Map<String, serde_json::Value>,
 }
 

@@ -1,0 +1,151 @@
+//! The OpenAPI 3.1 document served at `/v1/openapi.json`, generated from the handlers'
+//! `#[utoipa::path]` attributes while the documented routers are built
+//! (`utoipa_axum::OpenApiRouter`), so a route cannot exist without its entry.
+//!
+//! What every operation shares is added here once rather than on each handler: the
+//! bearer-token security requirement, the 400 / 401 / 403 answers, and
+//! `application/problem+json` (RFC 9457) as the body of every error.
+
+use utoipa::openapi::path::Operation;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, Response, ResponseBuilder};
+use utoipa::{Modify, OpenApi, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+
+use crate::http::AppState;
+
+/// Where the document is served.
+pub const PATH: &str = "/v1/openapi.json";
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Aether",
+        description = "Event-sourced compliance and lineage service for a clearing engine. \
+            Every change is an append-only, SM3 hash-chained ledger event. Callers present a \
+            bearer token of role operator, regulator or worker; each operation says which.",
+    ),
+    components(schemas(ProblemDocument)),
+    tags(
+        (name = "policies", description = "Compliance policies in CEL, hot-loaded"),
+        (name = "models", description = "The model registry"),
+        (name = "engines", description = "Engine activation per region"),
+        (name = "rollouts", description = "Progressive rollouts of a candidate model"),
+        (name = "corpora", description = "The versioned regulatory corpus"),
+        (name = "snapshots", description = "Consistent snapshots of routing, rules and corpus, and rollback"),
+        (name = "state", description = "The projected control-plane state"),
+    )
+)]
+pub struct ApiDoc;
+
+/// A router whose routes are documented as they are added.
+pub fn documented() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+}
+
+/// The axum router and its finished document (shared parts added).
+pub fn split(
+    router: OpenApiRouter<AppState>,
+) -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
+    let (router, mut doc) = router.split_for_parts();
+    Shared.modify(&mut doc);
+    (router, doc)
+}
+
+/// RFC 9457 problem details: the body of every error answer.
+#[derive(ToSchema)]
+#[schema(as = Problem)]
+#[allow(dead_code)] // documents the wire format; `http::Problem` writes it
+pub struct ProblemDocument {
+    /// Always `about:blank`.
+    r#type: String,
+    title: String,
+    status: u16,
+    /// What was wrong, precisely enough to fix the request.
+    detail: String,
+}
+
+/// Adds what every operation shares (see the module documentation).
+struct Shared;
+
+impl Modify for Shared {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let components = doc.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "A role token from AETHER_TOKENS or the data dir's `tokens` file",
+                    ))
+                    .build(),
+            ),
+        );
+        for item in doc.paths.paths.values_mut() {
+            let operations = [
+                &mut item.get,
+                &mut item.post,
+                &mut item.put,
+                &mut item.delete,
+                &mut item.patch,
+            ];
+            for operation in operations.into_iter().flatten() {
+                share(operation);
+            }
+        }
+    }
+}
+
+fn share(operation: &mut Operation) {
+    operation
+        .security
+        .get_or_insert_with(Vec::new)
+        .push(SecurityRequirement::new("bearer", Vec::<String>::new()));
+    let responses = &mut operation.responses.responses;
+    for (status, description) in [
+        ("400", "Malformed request or traffic-colouring header"),
+        ("401", "Missing or unknown bearer token"),
+        ("403", "The token's role may not call this operation"),
+    ] {
+        responses
+            .entry(status.to_owned())
+            .or_insert_with(|| RefOr::T(ResponseBuilder::new().description(description).build()));
+    }
+    for (status, response) in responses.iter_mut() {
+        if status.parse::<u16>().is_ok_and(|s| s >= 400)
+            && let RefOr::T(response) = response
+        {
+            as_problem(response);
+        }
+    }
+}
+
+fn as_problem(response: &mut Response) {
+    response.content.clear();
+    response.content.insert(
+        "application/problem+json".to_owned(),
+        ContentBuilder::new()
+            .schema(Some(Ref::from_schema_name("Problem")))
+            .build(),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_documented_operation_is_secured_and_answers_problems() {
+        let (_, doc) = split(documented().merge(crate::control_http::routes()));
+        let value = serde_json::to_value(&doc).unwrap();
+        let ingest = &value["paths"]["/v1/policy/ingest"]["post"];
+        assert_eq!(ingest["security"][0]["bearer"], serde_json::json!([]));
+        assert_eq!(
+            ingest["responses"]["422"]["content"]["application/problem+json"]["schema"]["$ref"],
+            "#/components/schemas/Problem"
+        );
+        assert!(ingest["responses"]["401"].is_object());
+        assert!(ingest["responses"]["201"]["content"]["application/json"].is_object());
+    }
+}
