@@ -20,6 +20,13 @@
 //! - [`http_transport`]: POSTs the stored records to an OpenLineage backend at
 //!   `OPENLINEAGE_URL` from its own cursor, at-least-once and in seq order; a slow or absent
 //!   endpoint delays only it, and an event the endpoint rejects is recorded, never dropped.
+//! - [`schema`]: OpenLineage events from other producers checked against the 2-0-2 spec
+//!   and the standard facet schemas (vendored in `schemas/openlineage/`), offline.
+//! - [`external`]: those events stored (`external_lineage_events`), and the reads that
+//!   join them with Aether's own records; [`graph`] folds both into the Marquez-shaped
+//!   lineage graph (pure), and [`index`] keeps that graph caught up for a running service,
+//!   or folds it as of a point in time.
+//! - [`UI_HTML`]: the lineage UI page served at `/ui`.
 //! - [`ledger_facet`]: the custom `aether_ledger` run facet (seq, hashes, stream, snapshot,
 //!   trace) and its JSON schema, which Aether serves.
 //!
@@ -32,11 +39,15 @@ pub mod decisions;
 pub mod delta;
 pub mod delta_relay;
 pub mod error;
+pub mod external;
+pub mod graph;
 pub mod http_transport;
+pub mod index;
 pub mod job;
 pub mod ledger_facet;
 pub mod relay;
 pub mod run_event;
+pub mod schema;
 
 pub use error::LineageError;
 pub use job::{JOB_NAMESPACE, job_name};
@@ -45,3 +56,7 @@ pub use ledger_facet::{
     aether_ledger_facet_schema, aether_ledger_schema_url,
 };
 pub use run_event::{MappingContext, PRODUCER, run_id, to_run_event};
+
+/// The lineage UI: one self-contained page (no external scripts or styles) that asks for a
+/// node id and a token, calls `/api/v1/lineage` and draws the graph as layered SVG.
+pub const UI_HTML: &str = include_str!("../ui/index.html");

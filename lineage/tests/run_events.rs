@@ -538,7 +538,7 @@ fn the_spec_check_can_fail() {
         ),
         (
             "facet schema not served anywhere",
-            "no schema at https://aether.bank.test/nowhere.json",
+            "schema https://aether.bank.test/nowhere.json cannot be used",
             Box::new(|v| {
                 v["run"]["facets"]["aether_ledger"]["_schemaURL"] =
                     json!("https://aether.bank.test/nowhere.json")
@@ -574,9 +574,7 @@ fn the_facet_schema_is_a_valid_2020_12_schema() {
     let spec = Spec::get();
     let day = Day::new();
     let facet = &json_of(day.first("SnapshotCommitted"), &ctx())["run"]["facets"]["aether_ledger"];
-    spec.validator(stored["$id"].as_str().unwrap())
-        .unwrap()
-        .validate(facet)
+    spec.validate(stored["$id"].as_str().unwrap(), facet, "")
         .unwrap();
 }
 

@@ -5,13 +5,13 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use aether_ledger::RecordedEvent;
 use aether_ledger::hashing::{GENESIS_PREV_HASH, HashedFields, canonical_json, event_hash};
+use aether_lineage::schema::OpenLineageSchemas;
 use aether_lineage::{AETHER_LEDGER_FACET_SCHEMA, aether_ledger_facet_schema};
 use chrono::{DateTime, TimeZone, Utc};
-use jsonschema::{Registry, Validator};
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -34,16 +34,10 @@ pub fn spec_dir() -> PathBuf {
     dir
 }
 
-fn read_json(path: &std::path::Path) -> Value {
-    let text = std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
-}
-
-/// Validators for the spec files, resolved offline from a registry of local documents.
+/// The OpenLineage spec (as the crate embeds it, checked equal to the files in `shared/`)
+/// and the custom facet's schema, resolved offline.
 pub struct Spec {
-    registry: Registry<'static>,
-    validators: Mutex<HashMap<String, Arc<Validator>>>,
+    schemas: OpenLineageSchemas,
 }
 
 /// What a check validated an event against.
@@ -62,67 +56,21 @@ impl Checked {
 impl Spec {
     pub fn get() -> &'static Spec {
         static SPEC: OnceLock<Spec> = OnceLock::new();
-        SPEC.get_or_init(Spec::load)
-    }
-
-    fn load() -> Spec {
-        let dir = spec_dir();
-        let mut documents = vec![read_json(&dir.join("OpenLineage.json"))];
-        let facets = std::fs::read_dir(dir.join("facets")).expect("spec facets folder");
-        for entry in facets {
-            let path = entry.expect("facet file").path();
-            if path.extension().is_some_and(|e| e == "json") {
-                documents.push(read_json(&path));
-            }
-        }
-        // The custom facet as served under the tests' base, and as stored in the crate.
-        documents.push(aether_ledger_facet_schema(BASE));
-        documents.push(serde_json::from_str(AETHER_LEDGER_FACET_SCHEMA).expect("stored schema"));
-        let pairs: Vec<(String, Value)> = documents
-            .into_iter()
-            .map(|doc| {
-                let id = doc["$id"]
-                    .as_str()
-                    .expect("every schema has an $id")
-                    .to_owned();
-                (id, doc)
-            })
-            .collect();
-        assert!(pairs.iter().any(|(id, _)| id == OPENLINEAGE_ID));
-        let registry = Registry::new()
-            .extend(pairs)
-            .expect("schema URIs")
-            .prepare()
+        SPEC.get_or_init(|| {
+            assert!(spec_dir().join("OpenLineage.json").is_file());
+            // The custom facet as served under the tests' base, and as stored in the crate.
+            let schemas = OpenLineageSchemas::with_documents([
+                aether_ledger_facet_schema(BASE),
+                serde_json::from_str(AETHER_LEDGER_FACET_SCHEMA).expect("stored schema"),
+            ])
             .expect("the spec files form a registry");
-        Spec {
-            registry,
-            validators: Mutex::new(HashMap::new()),
-        }
+            Spec { schemas }
+        })
     }
 
-    /// A validator for the schema at `url` (with fragment), resolved offline.
-    pub fn validator(&'static self, url: &str) -> Result<Arc<Validator>, String> {
-        let mut validators = self.validators.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(v) = validators.get(url) {
-            return Ok(v.clone());
-        }
-        let validator = jsonschema::options()
-            .offline()
-            .should_validate_formats(true)
-            .with_registry(&self.registry)
-            .build(&json!({ "$ref": url }))
-            .map_err(|e| format!("no schema at {url} among the local spec files: {e}"))?;
-        let validator = Arc::new(validator);
-        validators.insert(url.to_owned(), validator.clone());
-        Ok(validator)
-    }
-
-    fn validate(&'static self, url: &str, instance: &Value, at: &str) -> Result<(), String> {
-        let validator = self.validator(url)?;
-        let errors: Vec<String> = validator
-            .iter_errors(instance)
-            .map(|e| format!("{at}{}: {e}", e.instance_path()))
-            .collect();
+    pub fn validate(&'static self, url: &str, instance: &Value, at: &str) -> Result<(), String> {
+        let mut errors = Vec::new();
+        self.schemas.check(url, instance, at, &mut errors);
         if errors.is_empty() {
             Ok(())
         } else {

@@ -71,6 +71,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/lineage/events/{seq}", get(lineage_record))
         .merge(crate::audit_http::routes())
+        .merge(crate::lineage_api::routes())
         .fallback(not_found)
         .layer(axum::middleware::from_fn(colour))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

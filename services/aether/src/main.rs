@@ -9,6 +9,7 @@ mod clearing;
 mod control_http;
 mod corpus_http;
 mod http;
+mod lineage_api;
 mod model;
 mod openapi;
 mod serve;
