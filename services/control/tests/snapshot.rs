@@ -315,11 +315,11 @@ fn rollout_request() -> aether_control::RolloutRequest {
     }
 }
 
-/// A rollback restores the gateway's routing table: the engine's model (undoing a
-/// promotion), a rollout's step and weight, and ends a rollout started after the
-/// snapshot; a restart replays to the same routing.
+/// A rollback restores all three parts in one event: the rule set, the corpus, and the
+/// gateway's routing table (the engine's model, undoing a promotion; a rollout's step and
+/// weight); it ends a rollout started after the snapshot; a restart replays the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rollback_restores_routing() {
+async fn rollback_restores_rules_corpus_and_routing() {
     use aether_control::{ActivationRequest, Command, EngineStatus, RolloutPhase, RoutingTable};
     let s = setup().await;
     let origin = operator();
@@ -327,6 +327,11 @@ async fn rollback_restores_routing() {
     s.state
         .policies
         .ingest(&policy("aml_v2"), PolicyFormat::Yaml, &origin)
+        .await
+        .unwrap();
+    s.state
+        .corpora
+        .ingest(corpus("# Reporting\n\nReport trades above 1m.\n"), &origin)
         .await
         .unwrap();
     let (_, task) = s
@@ -367,6 +372,20 @@ async fn rollback_restores_routing() {
         .unwrap();
     assert_eq!(snap.gateway_digest, Some(at_snapshot.digest()));
     assert_eq!(snap.participants["gateway"].version, at_snapshot.version());
+    let corpus_at_snapshot = s.state.corpora.current_versions();
+
+    // Change all three parts: the rule set, the corpus, and (below) the routing.
+    s.state
+        .policies
+        .ingest(&policy("basel3_delta"), PolicyFormat::Yaml, &origin)
+        .await
+        .unwrap();
+    s.state
+        .corpora
+        .ingest(corpus("# Reporting\n\nReport trades above 3m.\n"), &origin)
+        .await
+        .unwrap();
+    assert_ne!(s.state.corpora.current_versions(), corpus_at_snapshot);
 
     // Widen, then promote: the region now routes everything to the candidate.
     s.state
@@ -394,6 +413,11 @@ async fn rollback_restores_routing() {
         Some(at_snapshot.digest().as_str())
     );
     assert_eq!(routing(&s.state), at_snapshot);
+    assert_eq!(
+        Some(s.state.policies.engine().snapshot().digest_hex()),
+        snap.rules_digest
+    );
+    assert_eq!(s.state.corpora.current_versions(), corpus_at_snapshot);
     let back = s.state.rollouts.get(&rollout.id).unwrap();
     assert_eq!(
         (back.phase, back.candidate_weight, back.step_index),
