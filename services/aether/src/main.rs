@@ -1,6 +1,7 @@
 //! `aether`: the command line and composition root of the Aether compliance ledger.
 
 mod audit_decisions;
+mod audit_export;
 mod audit_http;
 mod auth;
 mod bench;
@@ -44,7 +45,8 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
-    /// Regulator tools that need no service, database or network.
+    /// Regulator tools: verify a bundle offline (no service, database or network), or
+    /// export one from a running service.
     #[command(subcommand)]
     Audit(AuditCommand),
     /// Lineage checks.
@@ -132,6 +134,8 @@ enum AuditCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Export an evidence bundle from a running service (regulator token) into a file.
+    Export(audit_export::ExportArgs),
 }
 
 /// Where the ledger lives; shared by the commands that open it.
@@ -209,6 +213,9 @@ fn main() -> ExitCode {
                 public_key,
                 json,
             }) => audit_verify(&bundle, public_key.as_deref(), json),
+            Command::Audit(AuditCommand::Export(args)) => {
+                audit_export::run(args).await.map(|_| ExitCode::SUCCESS)
+            }
             Command::Replay { ledger, json } => replay(ledger, json).await,
             Command::Certs(CertsCommand::Init {
                 data_dir,
