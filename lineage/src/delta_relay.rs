@@ -248,29 +248,28 @@ pub async fn commits(store: &EventStore) -> Result<Vec<DeltaCommit>, sqlx::Error
 
 /// The Delta commit holding `seq`, if it has been written.
 pub async fn commit_of(store: &EventStore, seq: u64) -> Result<Option<DeltaCommit>, sqlx::Error> {
-    let seq = seq as i64;
-    let row: Option<CommitRow> = if let Some(pool) = store.postgres_pool() {
-        sqlx::query_as(
-            "SELECT delta_table, version, first_seq, last_seq, last_hash FROM delta_commits \
-             WHERE delta_table = $1 AND last_seq >= $2 ORDER BY last_seq LIMIT 1",
-        )
-        .bind(TABLE_NAME)
-        .bind(seq)
-        .fetch_optional(pool)
-        .await?
-    } else if let Some(pool) = store.sqlite_pool() {
-        sqlx::query_as(
-            "SELECT delta_table, version, first_seq, last_seq, last_hash FROM delta_commits \
-             WHERE delta_table = ? AND last_seq >= ? ORDER BY last_seq LIMIT 1",
-        )
-        .bind(TABLE_NAME)
-        .bind(seq)
-        .fetch_optional(pool)
-        .await?
-    } else {
-        None
-    };
-    Ok(row.map(to_commit).filter(|c| c.first_seq <= seq as u64))
+    Ok(commits_covering(store, seq, seq).await?.into_iter().next())
+}
+
+/// The `events` table's commits holding any seq in `first..=last`, by seq.
+pub async fn commits_covering(
+    store: &EventStore,
+    first: u64,
+    last: u64,
+) -> Result<Vec<DeltaCommit>, sqlx::Error> {
+    const SQL: &str = "SELECT delta_table, version, first_seq, last_seq, last_hash \
+                       FROM delta_commits WHERE delta_table = $1 AND last_seq >= $2 \
+                       AND first_seq <= $3 ORDER BY first_seq";
+    let (first, last) = (first as i64, last as i64);
+    let rows: Vec<CommitRow> = either_pool!(store, |pool, _time, _postgres| {
+        sqlx::query_as(SQL)
+            .bind(TABLE_NAME)
+            .bind(first)
+            .bind(last)
+            .fetch_all(pool)
+            .await?
+    });
+    Ok(rows.into_iter().map(to_commit).collect())
 }
 
 fn to_commit((table, version, first, last, last_hash): CommitRow) -> DeltaCommit {

@@ -16,26 +16,6 @@ use serde_json::Value;
 use crate::graph::{Name, parse_time};
 use crate::schema::{EventKind, OpenLineageSchemas, SchemaViolation};
 
-/// `$body` with `$pool` bound to the store's PostgreSQL or SQLite pool (each a type of its
-/// own, so the body is compiled for both), `$time` to how that database stores a time
-/// (TIMESTAMPTZ, or microseconds since the epoch) and `$postgres` to which it is. One
-/// statement serves both when its placeholders are `$n`, which SQLite binds by number too.
-macro_rules! either_pool {
-    ($store:expr, |$pool:ident, $time:ident, $postgres:ident| $body:expr) => {
-        if let Some($pool) = $store.postgres_pool() {
-            let $time = |t: DateTime<Utc>| t;
-            let $postgres = true;
-            $body
-        } else if let Some($pool) = $store.sqlite_pool() {
-            let $time = |t: DateTime<Utc>| t.timestamp_micros();
-            let $postgres = false;
-            $body
-        } else {
-            Default::default()
-        }
-    };
-}
-
 /// Most events one request may carry.
 pub const MAX_EVENTS_PER_REQUEST: usize = 1000;
 

@@ -35,6 +35,26 @@
 //! do). Every event produced validates against the OpenLineage 2-0-2 spec and the facet
 //! schemas it names; the tests check that against the spec files in `shared/`.
 
+/// `$body` with `$pool` bound to the store's PostgreSQL or SQLite pool (each a type of its
+/// own, so the body is compiled for both), `$time` to how that database stores a time
+/// (TIMESTAMPTZ, or microseconds since the epoch) and `$postgres` to which it is. One
+/// statement serves both when its placeholders are `$n`, which SQLite binds by number too.
+macro_rules! either_pool {
+    ($store:expr, |$pool:ident, $time:ident, $postgres:ident| $body:expr) => {
+        if let Some($pool) = $store.postgres_pool() {
+            let $time = |t: chrono::DateTime<chrono::Utc>| t;
+            let $postgres = true;
+            $body
+        } else if let Some($pool) = $store.sqlite_pool() {
+            let $time = |t: chrono::DateTime<chrono::Utc>| t.timestamp_micros();
+            let $postgres = false;
+            $body
+        } else {
+            Default::default()
+        }
+    };
+}
+
 pub mod decisions;
 pub mod delta;
 pub mod delta_relay;

@@ -66,11 +66,20 @@ struct Mapped {
     json: String,
 }
 
-fn map(events: &[RecordedEvent], ctx: &MappingContext) -> Result<Vec<Mapped>, RelayError> {
+/// Maps `events`, each with the Delta `events` table version `delta_version(seq)` names.
+fn map(
+    events: &[RecordedEvent],
+    ctx: &MappingContext,
+    delta_version: impl Fn(u64) -> Option<i64>,
+) -> Result<Vec<Mapped>, RelayError> {
     events
         .iter()
         .map(|e| {
-            let run_event = to_run_event(e, ctx)?;
+            let ctx = MappingContext {
+                delta_version: delta_version(e.seq),
+                ..ctx.clone()
+            };
+            let run_event = to_run_event(e, &ctx)?;
             let value = serde_json::to_value(&run_event)?;
             let json = value.to_string();
             let run_id = value["run"]["runId"]
@@ -138,17 +147,51 @@ async fn insert(
 /// Follows the ledger until `stop` turns true, writing OpenLineage records (and lines to
 /// `jsonl`, when given). Failures are logged and retried with backoff from the stored
 /// cursor: lineage is delayed, never dropped.
+///
+/// Each record names the version of the Delta `events` table that holds its event (the
+/// `version` facet of the `delta/events` output), so the relay maps only events a
+/// `delta_commits` row already covers: it follows behind the Delta relay, and a slow Delta
+/// sink delays OpenLineage, never drops it.
 pub async fn run_openlineage_relay(
     store: EventStore,
     ctx: MappingContext,
     jsonl: Option<PathBuf>,
     stop: watch::Receiver<bool>,
 ) -> Result<(), RelayError> {
+    run_openlineage_relay_with(store, ctx, jsonl, DeltaVersions::Wait, stop).await
+}
+
+/// Whether the OpenLineage relay waits for each event's Delta table version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeltaVersions {
+    /// Map an event only once its Delta commit is linked, naming that version.
+    Wait,
+    /// Map at once, with no Delta version (a ledger without a Delta sink).
+    None,
+}
+
+/// [`run_openlineage_relay`], choosing whether to wait for Delta versions.
+pub async fn run_openlineage_relay_with(
+    store: EventStore,
+    ctx: MappingContext,
+    jsonl: Option<PathBuf>,
+    delta: DeltaVersions,
+    stop: watch::Receiver<bool>,
+) -> Result<(), RelayError> {
     retry_until_stopped("openlineage", stop.clone(), || {
-        follow(store.clone(), ctx.clone(), jsonl.clone(), stop.clone())
+        follow(
+            store.clone(),
+            ctx.clone(),
+            jsonl.clone(),
+            delta,
+            stop.clone(),
+        )
     })
     .await
 }
+
+/// How often the relay looks for the Delta commit of the events it holds.
+const DELTA_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Runs `attempt` until it returns `Ok` (it saw the stop request) or `stop` turns true,
 /// logging each failure and backing off from 200 ms to 30 s between attempts.
@@ -183,16 +226,51 @@ async fn follow(
     store: EventStore,
     ctx: MappingContext,
     jsonl: Option<PathBuf>,
+    delta: DeltaVersions,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), RelayError> {
     let mut subscription = store.subscribe_named(OPENLINEAGE_CURSOR).await?;
     let committed = store.committed_seq();
+    // Read from the ledger, not yet mapped: waiting for their Delta commit.
+    let mut pending: Vec<RecordedEvent> = Vec::new();
     loop {
-        let batch = tokio::select! {
-            batch = subscription.next_batch(BATCH) => batch?,
-            _ = stop.changed() => return Ok(()),
+        if pending.is_empty() {
+            pending = tokio::select! {
+                batch = subscription.next_batch(BATCH) => batch?,
+                _ = stop.changed() => return Ok(()),
+            };
+        }
+        let (Some(first), Some(last)) = (pending.first(), pending.last()) else {
+            continue;
         };
-        let rows = map(&batch, &ctx)?;
+        let (first, last) = (first.seq, last.seq);
+        let commits = match delta {
+            DeltaVersions::Wait => {
+                crate::delta_relay::commits_covering(&store, first, last).await?
+            }
+            DeltaVersions::None => Vec::new(),
+        };
+        let version_of = |seq: u64| {
+            commits
+                .iter()
+                .find(|c| c.first_seq <= seq && seq <= c.last_seq)
+                .map(|c| c.version)
+        };
+        let ready = match delta {
+            DeltaVersions::Wait => pending
+                .iter()
+                .take_while(|e| version_of(e.seq).is_some())
+                .count(),
+            DeltaVersions::None => pending.len(),
+        };
+        if ready == 0 {
+            tokio::select! {
+                _ = tokio::time::sleep(DELTA_POLL) => continue,
+                _ = stop.changed() => return Ok(()),
+            }
+        }
+        let batch: Vec<RecordedEvent> = pending.drain(..ready).collect();
+        let rows = map(&batch, &ctx, version_of)?;
         insert(&store, &rows, Utc::now()).await?;
         if let Some(path) = &jsonl {
             append_lines(path, &rows).await?;

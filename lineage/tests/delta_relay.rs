@@ -254,3 +254,66 @@ async fn clearing_decisions_are_flattened_once_each_across_a_restart() {
     assert_eq!(ids, ["req-1", "req-2", "req-3"]);
     store.shutdown().await;
 }
+
+/// The OpenLineage relay maps an event only once its Delta commit is linked, and its
+/// record names that commit's version on the `delta/events` output; with the Delta relay
+/// stopped it waits (nothing is dropped), and a restart resumes both.
+#[tokio::test]
+async fn openlineage_records_carry_the_delta_version_and_wait_for_it() {
+    use aether_lineage::MappingContext;
+    use aether_lineage::relay::{record, run_openlineage_relay};
+
+    let dir = TempData::new("ol-delta");
+    let store = open(&dir.0).await;
+    append(&store, 1, 12).await;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let openlineage = tokio::spawn(run_openlineage_relay(
+        store.clone(),
+        MappingContext::new(support::BASE),
+        None,
+        stop_rx,
+    ));
+    // No Delta relay yet: no record may be written.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let report = reconcile(&store).await.expect("reconcile");
+    assert_eq!(report.missing_openlineage.len(), 12, "{report:?}");
+
+    relay_until_caught_up(&store, &dir.0).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !reconcile(&store)
+        .await
+        .expect("reconcile")
+        .missing_openlineage
+        .is_empty()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "records never written"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop_tx.send(true).expect("relay running");
+    openlineage.await.expect("task").expect("relay");
+
+    for seq in 1..=12 {
+        let r = record(&store, seq).await.expect("read").expect("record");
+        let commit = commit_of(&store, seq)
+            .await
+            .expect("lookup")
+            .expect("linked");
+        let events = r.openlineage_event["outputs"]
+            .as_array()
+            .expect("outputs")
+            .iter()
+            .find(|d| d["namespace"] == "delta" && d["name"] == "events")
+            .expect("the events table is an output")
+            .clone();
+        assert_eq!(
+            events["facets"]["version"]["datasetVersion"],
+            json!(commit.version.to_string()),
+            "seq {seq}"
+        );
+        assert_eq!(r.delta_version, Some(commit.version));
+    }
+    store.shutdown().await;
+}

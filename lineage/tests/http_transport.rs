@@ -15,7 +15,7 @@ use aether_lineage::http_transport::{
     ENV_API_KEY, ENV_DISABLED, ENV_ENDPOINT, ENV_TIMEOUT, ENV_URL, HTTP_CURSOR,
     HttpTransportConfig, rejections, run_http_relay,
 };
-use aether_lineage::relay::{reconcile, record, run_openlineage_relay};
+use aether_lineage::relay::{DeltaVersions, reconcile, record, run_openlineage_relay_with};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use serde_json::Value;
@@ -59,10 +59,12 @@ impl Running {
 
 fn start_openlineage(store: &EventStore) -> Running {
     let (stop, rx) = watch::channel(false);
-    let task = tokio::spawn(run_openlineage_relay(
+    // No Delta sink here: records without Delta versions.
+    let task = tokio::spawn(run_openlineage_relay_with(
         store.clone(),
         MappingContext::new(support::BASE),
         None,
+        DeltaVersions::None,
         rx,
     ));
     Running { stop, task }

@@ -180,6 +180,19 @@ async fn scenario(env: &[(&str, &str)]) {
             )
             .await;
         if status == 200 {
+            // The record names the Delta table version that holds the event.
+            let delta = record["openlineage_event"]["outputs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|d| d["namespace"] == "delta" && d["name"] == "events")
+                .unwrap()
+                .clone();
+            let version = record["delta_version"].as_i64().expect("a Delta version");
+            assert_eq!(
+                delta["facets"]["version"]["datasetVersion"],
+                json!(version.to_string())
+            );
             break record["run_id"].as_str().unwrap().to_owned();
         }
         assert!(Instant::now() < deadline, "no lineage record for seq {seq}");
