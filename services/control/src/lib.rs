@@ -12,6 +12,7 @@ pub mod origin;
 pub mod policies;
 pub mod projection;
 mod replay;
+pub mod rollout_controller;
 pub mod rollouts;
 pub mod routing;
 pub mod snapshot;
@@ -22,6 +23,7 @@ pub use models::{ModelError, ModelRegistry, ModelSpec};
 pub use origin::{ColouringError, Origin};
 pub use policies::{IngestError, PolicyRecord, PolicyRegistry};
 pub use projection::{ControlState, SNAPSHOT_COMMITTED, SNAPSHOT_STREAM, StateAsOf};
+pub use rollout_controller::{ControllerError, RolloutController};
 pub use rollouts::{
     Command, RolloutError, RolloutPhase, RolloutRegistry, RolloutRequest, RolloutState,
 };

@@ -28,6 +28,8 @@ pub const PAUSED: &str = "RolloutPaused";
 pub const RESUMED: &str = "RolloutResumed";
 pub const PROMOTED: &str = "RolloutPromoted";
 pub const ABORTED: &str = "RolloutAborted";
+/// The rollout controller set the candidate's weight between (or below) the steps.
+pub const WEIGHT_SET: &str = "RolloutWeightSet";
 
 /// Default traffic steps for the candidate, in percent.
 pub const DEFAULT_STEPS: [u32; 7] = [1, 2, 5, 10, 25, 50, 100];
@@ -77,6 +79,10 @@ pub struct RolloutState {
     pub version: u64,
     /// Event id of `RolloutStarted` (parent of every step in lineage).
     pub started_event_id: String,
+    /// When `RolloutStarted` was recorded (the analysis windows start there).
+    pub started_at: chrono::DateTime<chrono::Utc>,
+    /// The analysis settings as given (overrides of the defaults).
+    pub analysis: serde_json::Map<String, serde_json::Value>,
 }
 
 /// A command on a running rollout.
@@ -115,6 +121,10 @@ pub enum RolloutError {
     BadPair { baseline: String, candidate: String },
     #[error("steps must rise strictly within 1..=100 and end at 100, got {0:?}")]
     BadSteps(Vec<u32>),
+    #[error("analysis settings: {0}")]
+    BadAnalysis(String),
+    #[error("weight must be at most 100 %, got {0}")]
+    BadWeight(u32),
     #[error("region {region} already has rollout {id} in progress; promote or abort it first")]
     RegionBusy { region: String, id: String },
     #[error("no rollout {0:?}")]
@@ -261,6 +271,8 @@ impl RolloutRegistry {
                         phase: RolloutPhase::Progressing,
                         version: event.stream_version,
                         started_event_id: event.event_id.to_string(),
+                        started_at: event.recorded_at,
+                        analysis: r.analysis,
                     },
                 );
             }
@@ -272,6 +284,11 @@ impl RolloutRegistry {
             STEPPED => {
                 state.step_index = p["step_index"].as_u64().map(|i| i as usize);
                 state.candidate_weight = p["to_weight"].as_u64().unwrap_or(0) as u32;
+            }
+            WEIGHT_SET => {
+                let to = p["to_weight"].as_u64().unwrap_or(0).min(100) as u32;
+                state.candidate_weight = to;
+                state.step_index = state.steps.iter().rposition(|&s| s <= to);
             }
             PAUSED => state.phase = RolloutPhase::Paused,
             RESUMED => state.phase = RolloutPhase::Progressing,
@@ -335,6 +352,13 @@ impl RolloutRegistry {
         if !steps_ok {
             return Err(RolloutError::BadSteps(request.steps));
         }
+        // The controller reads these at every check: refuse what it could not use.
+        let settings: crate::analysis::AnalysisSettings =
+            serde_json::from_value(serde_json::Value::Object(request.analysis.clone()))
+                .map_err(|e| RolloutError::BadAnalysis(e.to_string()))?;
+        settings
+            .validate()
+            .map_err(|e| RolloutError::BadAnalysis(e.to_string()))?;
         if let Some(busy) = self.all().into_iter().find(|r| {
             r.region == region
                 && matches!(r.phase, RolloutPhase::Progressing | RolloutPhase::Paused)
@@ -422,6 +446,47 @@ impl RolloutRegistry {
         };
         let event = NewEvent::new(kind, payload)
             .with_metadata(origin.metadata(json!({"correlation_id": state.started_event_id})));
+        let committed = self
+            .append(id, ExpectedVersion::Exact(state.version), event)
+            .await?;
+        let state = self
+            .get(id)
+            .ok_or_else(|| RolloutError::NotFound(id.to_owned()))?;
+        Ok((state, committed))
+    }
+
+    /// The rollout controller's weight change (`reason`: increase, fuse, drift_freeze),
+    /// allowed while the rollout routes traffic; `cause` is the analysis event behind it.
+    pub async fn set_weight(
+        &self,
+        id: &str,
+        to: u32,
+        reason: &str,
+        cause: &str,
+        origin: &Origin,
+    ) -> Result<(RolloutState, Committed), RolloutError> {
+        let state = self
+            .get(id)
+            .ok_or_else(|| RolloutError::NotFound(id.to_owned()))?;
+        if to > 100 {
+            return Err(RolloutError::BadWeight(to));
+        }
+        if !state.phase.routes() {
+            return Err(RolloutError::InvalidTransition {
+                id: id.to_owned(),
+                command: "set the weight of",
+                phase: state.phase.name(),
+            });
+        }
+        let event = NewEvent::new(
+            WEIGHT_SET,
+            json!({"from_weight": state.candidate_weight, "to_weight": to, "reason": reason,
+                   "rollout_event_id": state.started_event_id}),
+        )
+        .with_metadata(origin.metadata(json!({
+            "correlation_id": state.started_event_id,
+            "causation_id": cause,
+        })));
         let committed = self
             .append(id, ExpectedVersion::Exact(state.version), event)
             .await?;

@@ -38,6 +38,8 @@ pub enum PauseReason {
     Inconclusive,
     /// Drift tier L2; a retrain was requested.
     DriftL2,
+    /// An operator paused the rollout (a manual gate); their resume opens it.
+    Operator,
 }
 
 /// How a rollout ended, as far as the analysis is concerned.
@@ -227,6 +229,23 @@ impl Analyzer {
 
     pub fn settings(&self) -> &AnalysisSettings {
         &self.settings
+    }
+
+    /// The operator's pause: an open gate closes until their resume (safety actions
+    /// still act). Returns whether anything changed.
+    pub fn hold(&mut self) -> bool {
+        let open = self.state.gate == Gate::Open;
+        if open {
+            self.state.gate = Gate::Paused {
+                reason: PauseReason::Operator,
+            };
+        }
+        open
+    }
+
+    /// Fixes the drift reference (after a restart, or thinned by the caller).
+    pub fn set_reference(&mut self, reference: Option<ReferenceSample>) {
+        self.state.reference = reference;
     }
 
     /// The operator's resume: a paused gate opens (a freeze needs `release_freeze`).

@@ -1,0 +1,575 @@
+//! The rollout controller: feeds one rollout's observations through the pure
+//! [`analysis`](crate::analysis) core window by window, records every conclusion on stream
+//! `analysis/{rollout}` and then carries it out — the candidate's weight, a pause, a
+//! promotion, or a rollback to the snapshot before the offending step.
+//!
+//! Each closed window is recorded as one atomic append: an event per outcome (assessed,
+//! inconclusive, drift with a retrain request or a review ticket, controller transition,
+//! weight decided, semantic rollback decided, promotion decided) and a closing
+//! `RolloutChecked` that carries the analyzer's whole state. The actions follow, each
+//! naming the analysis event behind it as `causation_id`. A controller started again reads
+//! that stream back, resumes from the last `RolloutChecked` and first carries out what the
+//! last check decided but the rollout does not show yet, so a crash between the record and
+//! the action neither repeats nor skips a step.
+
+use std::collections::BTreeMap;
+
+use aether_ledger::{Direction, EventStore, ExpectedVersion, LedgerError, NewEvent, RecordedEvent};
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+
+use crate::analysis::{
+    AnalysisError, AnalysisOutcome, AnalysisSettings, Analyzer, AnalyzerState, BatchReport, Check,
+    CommittedSnapshot, DriftResponse, Finish, ObservationError, ReferenceSample,
+    RequestObservation, WeightReason, WindowAggregator, WindowSamples,
+};
+use crate::rollouts::{Command, RolloutError, RolloutPhase, RolloutState};
+use crate::snapshot::SnapshotError;
+use crate::{ControlState, Origin};
+
+pub const CHECKED: &str = "RolloutChecked";
+pub const ASSESSED: &str = "RolloutAssessed";
+pub const INCONCLUSIVE: &str = "AnalysisInconclusive";
+pub const PAUSE_DECIDED: &str = "AnalysisPaused";
+pub const DRIFT_ASSESSED: &str = "DriftAssessed";
+pub const RETRAIN_REQUESTED: &str = "RetrainRequested";
+pub const REVIEW_OPENED: &str = "ReviewTicketOpened";
+pub const TRANSITIONED: &str = "ControllerTransitioned";
+pub const WEIGHT_DECIDED: &str = "WeightDecided";
+pub const ROLLBACK_DECIDED: &str = "SemanticRollbackDecided";
+pub const PROMOTION_DECIDED: &str = "PromotionDecided";
+/// The reference window drift is measured against, fixed once per rollout.
+pub const REFERENCE_FIXED: &str = "DriftReferenceFixed";
+/// A snapshot the controller took after a step, the target of a later rollback.
+pub const STEP_SNAPSHOT: &str = "StepSnapshotTaken";
+
+/// Values kept per reference series: enough for KS and Wasserstein at the tiers' precision,
+/// small enough for one event.
+const REFERENCE_POINTS: usize = 1000;
+
+/// The stream a rollout's analysis is recorded on.
+pub fn stream(rollout_id: &str) -> String {
+    format!("analysis/{rollout_id}")
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    #[error("no rollout {0:?}")]
+    NotFound(String),
+    #[error("rollout {0}: analysis settings: {1}")]
+    Settings(String, String),
+    #[error("rollout {id}'s analysis record is unreadable at seq {seq}: {reason}")]
+    Corrupt {
+        id: String,
+        seq: u64,
+        reason: String,
+    },
+    #[error(transparent)]
+    Analysis(#[from] AnalysisError),
+    #[error(transparent)]
+    Observation(#[from] ObservationError),
+    #[error(transparent)]
+    Rollout(#[from] RolloutError),
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotError),
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+}
+
+/// What the last recorded check left to carry out, read back at start.
+#[derive(Default)]
+struct History {
+    state: Option<AnalyzerState>,
+    window_end: Option<DateTime<Utc>>,
+    step: u64,
+    snapshots: Vec<CommittedSnapshot>,
+    reference: Option<ReferenceSample>,
+    /// The last semantic rollback decided: (its seq, target snapshot, reason).
+    rollback: Option<(u64, Option<String>, String)>,
+    version: u64,
+}
+
+/// One rollout under analysis.
+pub struct RolloutController {
+    store: EventStore,
+    control: ControlState,
+    rollout_id: String,
+    analyzer: Analyzer,
+    windows: WindowAggregator,
+    /// Increases carried out so far: the analysis's step numbering for snapshots.
+    step: u64,
+    snapshots: Vec<CommittedSnapshot>,
+    /// Version of the analysis stream, so that two controllers cannot both record.
+    version: u64,
+}
+
+impl RolloutController {
+    /// Takes over a rollout: resumes from its analysis record when there is one, takes the
+    /// step-0 snapshot when there is none, and carries out what the last check decided.
+    pub async fn start(
+        store: &EventStore,
+        control: &ControlState,
+        rollout_id: &str,
+    ) -> Result<RolloutController, ControllerError> {
+        let rollout = control
+            .rollouts
+            .get(rollout_id)
+            .ok_or_else(|| ControllerError::NotFound(rollout_id.to_owned()))?;
+        let settings: AnalysisSettings =
+            serde_json::from_value(Value::Object(rollout.analysis.clone()))
+                .map_err(|e| ControllerError::Settings(rollout_id.to_owned(), e.to_string()))?;
+        let history = read_history(store, rollout_id).await?;
+        let mut analyzer = match history.state {
+            Some(state) => Analyzer::from_state(settings.clone(), rollout.steps.clone(), state)?,
+            None => Analyzer::new(
+                settings.clone(),
+                rollout.steps.clone(),
+                rollout.candidate_weight,
+            )?,
+        };
+        if history.reference.is_some() {
+            analyzer.set_reference(history.reference);
+        }
+        let windows = WindowAggregator::new(
+            history.window_end.unwrap_or(rollout.started_at),
+            &settings.window,
+        )?;
+        let mut controller = RolloutController {
+            store: store.clone(),
+            control: control.clone(),
+            rollout_id: rollout_id.to_owned(),
+            analyzer,
+            windows,
+            step: history.step,
+            snapshots: history.snapshots,
+            version: history.version,
+        };
+        // Step 0's snapshot, or the one a crash kept a step from taking.
+        if controller
+            .snapshots
+            .last()
+            .is_none_or(|s| s.step < controller.step)
+        {
+            controller.snapshot_step(None).await?;
+        }
+        controller.catch_up(history.rollback).await?;
+        Ok(controller)
+    }
+
+    pub fn rollout_id(&self) -> &str {
+        &self.rollout_id
+    }
+
+    /// The analyzer's state (what `RolloutChecked` records).
+    pub fn state(&self) -> &AnalyzerState {
+        self.analyzer.state()
+    }
+
+    /// Whether the analysis has ended (promoted or rolled back).
+    pub fn finished(&self) -> Option<Finish> {
+        self.analyzer.state().finished
+    }
+
+    /// One request as a stage scored it (live or shadow).
+    pub fn observe(&mut self, observation: RequestObservation) -> Result<(), ObservationError> {
+        self.windows.observe(observation)
+    }
+
+    /// One batch as a worker reported it.
+    pub fn report(&mut self, batch: BatchReport) -> Result<(), ObservationError> {
+        self.windows.report(batch)
+    }
+
+    /// Checks every window that ended by `now`: records each check, then acts on it.
+    /// Returns the outcomes in order.
+    pub async fn tick(
+        &mut self,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<AnalysisOutcome>, ControllerError> {
+        let mut all = Vec::new();
+        for window in self.windows.close_until(now) {
+            if self.finished().is_some() {
+                break;
+            }
+            all.extend(self.check(&window).await?);
+        }
+        Ok(all)
+    }
+
+    async fn check(
+        &mut self,
+        window: &WindowSamples,
+    ) -> Result<Vec<AnalysisOutcome>, ControllerError> {
+        let rollout = self.rollout()?;
+        // Manual gates: an operator's pause holds the analysis, their resume opens it.
+        match rollout.phase {
+            RolloutPhase::Paused => {
+                self.analyzer.hold();
+            }
+            RolloutPhase::Progressing => {
+                self.analyzer.resume();
+            }
+            _ => {}
+        }
+        let had_reference = self.analyzer.state().reference.is_some();
+        let outcomes = self.analyzer.check(Check {
+            window,
+            step: self.step,
+            snapshots: &self.snapshots,
+        })?;
+        let mut events = Vec::new();
+        if !had_reference && let Some(reference) = self.analyzer.state().reference.clone() {
+            // Thinned before anything uses it, so that a resumed controller holds exactly
+            // what this one does.
+            let thinned = thin_reference(&reference);
+            self.analyzer.set_reference(Some(thinned.clone()));
+            events.push(NewEvent::new(
+                REFERENCE_FIXED,
+                json!({"window_end": window.end, "reference": thinned}),
+            ));
+        }
+        let increases = outcomes
+            .iter()
+            .filter(|o| {
+                matches!(o, AnalysisOutcome::WeightChange(w) if w.reason == WeightReason::Increase)
+            })
+            .count() as u64;
+        for outcome in &outcomes {
+            events.extend(outcome_events(&rollout, outcome));
+        }
+        let mut state = self.analyzer.state().clone();
+        state.reference = None; // recorded once, in DriftReferenceFixed
+        events.push(NewEvent::new(
+            CHECKED,
+            json!({
+                "window_start": window.start,
+                "window_end": window.end,
+                "step": self.step + increases,
+                "state": state,
+            }),
+        ));
+        let committed = self.record(events).await?;
+        // Each action names the decision event behind it.
+        let cause_of = |kind: &str| {
+            committed
+                .iter()
+                .rev()
+                .find(|r| r.kind == kind)
+                .map(|r| r.event_id.to_string())
+                .unwrap_or_default()
+        };
+        for outcome in &outcomes {
+            match outcome {
+                AnalysisOutcome::WeightChange(w) if w.reason != WeightReason::Rollback => {
+                    let reason = weight_reason(w.reason);
+                    self.control
+                        .rollouts
+                        .set_weight(
+                            &self.rollout_id,
+                            w.to,
+                            reason,
+                            &cause_of(WEIGHT_DECIDED),
+                            &self.origin(),
+                        )
+                        .await?;
+                    if w.reason == WeightReason::Increase {
+                        self.step += 1;
+                        self.snapshot_step(Some(cause_of(WEIGHT_DECIDED))).await?;
+                    }
+                }
+                AnalysisOutcome::Paused { reason, .. } => {
+                    let reason = serde_json::to_value(reason)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default();
+                    self.pause(&format!("analysis: {reason}")).await?;
+                }
+                AnalysisOutcome::Rollback(decision) => {
+                    let target = decision.target.as_ref().map(|t| t.snapshot_id.clone());
+                    self.roll_back(target, &decision.reason).await?;
+                }
+                AnalysisOutcome::Promote { .. } => {
+                    self.command(Command::Promote, None).await?;
+                }
+                _ => {}
+            }
+        }
+        Ok(outcomes)
+    }
+
+    fn rollout(&self) -> Result<RolloutState, ControllerError> {
+        self.control
+            .rollouts
+            .get(&self.rollout_id)
+            .ok_or_else(|| ControllerError::NotFound(self.rollout_id.clone()))
+    }
+
+    fn origin(&self) -> Origin {
+        self.control
+            .under_snapshot(Origin::from("aether:rollout-controller"))
+    }
+
+    async fn record(&mut self, events: Vec<NewEvent>) -> Result<Vec<Recorded>, ControllerError> {
+        let origin = self.origin();
+        let kinds: Vec<String> = events.iter().map(|e| e.event_type.clone()).collect();
+        let events = events
+            .into_iter()
+            .map(|e| e.with_metadata(origin.metadata(json!({}))))
+            .collect();
+        let expected = if self.version == 0 {
+            ExpectedVersion::NoStream
+        } else {
+            ExpectedVersion::Exact(self.version)
+        };
+        let committed = self
+            .store
+            .append(&stream(&self.rollout_id), expected, events)
+            .await?;
+        if let Some(last) = committed.last() {
+            self.version = last.stream_version;
+        }
+        Ok(committed
+            .into_iter()
+            .zip(kinds)
+            .map(|(c, kind)| Recorded {
+                event_id: c.event_id,
+                kind,
+            })
+            .collect())
+    }
+
+    /// Takes a consistent snapshot and records it as this step's.
+    async fn snapshot_step(&mut self, cause: Option<String>) -> Result<(), ControllerError> {
+        let participants = self.control.participants();
+        let snapshot = self
+            .control
+            .snapshots
+            .take(&participants, crate::snapshot::DEFAULT_TTL, &self.origin())
+            .await?;
+        self.record(vec![NewEvent::new(
+            STEP_SNAPSHOT,
+            json!({"step": self.step, "snapshot_id": snapshot.id, "cause": cause}),
+        )])
+        .await?;
+        self.snapshots.push(CommittedSnapshot {
+            step: self.step,
+            snapshot_id: snapshot.id,
+        });
+        Ok(())
+    }
+
+    async fn pause(&self, reason: &str) -> Result<(), ControllerError> {
+        if self.rollout()?.phase == RolloutPhase::Progressing {
+            self.command(Command::Pause, Some(reason)).await?;
+        }
+        Ok(())
+    }
+
+    async fn command(&self, command: Command, reason: Option<&str>) -> Result<(), ControllerError> {
+        self.control
+            .rollouts
+            .command(&self.rollout_id, command, None, reason, &self.origin())
+            .await?;
+        Ok(())
+    }
+
+    /// Restores the target snapshot in one `RolledBack`, then holds the rollout for an
+    /// operator; without a target the candidate is taken to 0 and the rollout aborted.
+    async fn roll_back(&self, target: Option<String>, reason: &str) -> Result<(), ControllerError> {
+        match target {
+            Some(id) => {
+                let participants = self.control.participants();
+                self.control
+                    .snapshots
+                    .rollback(&participants, &id, reason, &self.origin())
+                    .await?;
+                self.pause("semantic rollback").await
+            }
+            None => {
+                if self.rollout()?.phase.routes() {
+                    self.command(Command::Abort, Some(reason)).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// After a restart: carries out what the last recorded check decided but the rollout
+    /// does not show (a crash came between the record and the action).
+    async fn catch_up(
+        &mut self,
+        rollback: Option<(u64, Option<String>, String)>,
+    ) -> Result<(), ControllerError> {
+        let rollout = self.rollout()?;
+        let state = self.analyzer.state().clone();
+        match state.finished {
+            Some(Finish::Promoted) if rollout.phase.routes() => {
+                self.command(Command::Promote, None).await?;
+            }
+            Some(Finish::RolledBack) => {
+                if let Some((seq, target, reason)) = rollback {
+                    let done = self
+                        .control
+                        .snapshots
+                        .rollbacks()
+                        .iter()
+                        .any(|r| r.seq > seq);
+                    if !done && rollout.phase.routes() {
+                        self.roll_back(target, &reason).await?;
+                    }
+                }
+            }
+            None if rollout.phase.routes() && rollout.candidate_weight != state.weight => {
+                let reason = "resume: the last check's weight";
+                self.control
+                    .rollouts
+                    .set_weight(&self.rollout_id, state.weight, reason, "", &self.origin())
+                    .await?;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// A committed analysis event's id and type.
+struct Recorded {
+    event_id: uuid::Uuid,
+    kind: String,
+}
+
+fn weight_reason(reason: WeightReason) -> &'static str {
+    match reason {
+        WeightReason::Increase => "increase",
+        WeightReason::Fuse => "fuse",
+        WeightReason::DriftFreeze => "drift_freeze",
+        WeightReason::Rollback => "rollback",
+    }
+}
+
+/// The events that record one outcome.
+fn outcome_events(rollout: &RolloutState, outcome: &AnalysisOutcome) -> Vec<NewEvent> {
+    let body = serde_json::to_value(outcome).unwrap_or_default();
+    let kind = match outcome {
+        AnalysisOutcome::Inconclusive { .. } => INCONCLUSIVE,
+        AnalysisOutcome::Paused { .. } => PAUSE_DECIDED,
+        AnalysisOutcome::Assessed { .. } => ASSESSED,
+        AnalysisOutcome::Drift(_) => DRIFT_ASSESSED,
+        AnalysisOutcome::Transition(_) => TRANSITIONED,
+        AnalysisOutcome::WeightChange(_) => WEIGHT_DECIDED,
+        AnalysisOutcome::Rollback(_) => ROLLBACK_DECIDED,
+        AnalysisOutcome::Promote { .. } => PROMOTION_DECIDED,
+    };
+    let mut events = vec![NewEvent::new(kind, body)];
+    if let AnalysisOutcome::Drift(d) = outcome {
+        let request = json!({
+            "candidate": rollout.candidate,
+            "baseline": rollout.baseline,
+            "tier": d.tier,
+            "drift_score": d.report.score,
+            "at": d.at,
+        });
+        match d.response {
+            DriftResponse::PauseAndRequestRetrain => {
+                events.push(NewEvent::new(RETRAIN_REQUESTED, request));
+            }
+            DriftResponse::FreezeAndOpenReview => {
+                let ticket = format!("review-{}-{}", rollout.id, d.at.timestamp_millis());
+                let mut body = request;
+                body["ticket"] = json!(ticket);
+                events.push(NewEvent::new(REVIEW_OPENED, body));
+            }
+            DriftResponse::Record => {}
+        }
+    }
+    events
+}
+
+/// Keeps at most [`REFERENCE_POINTS`] evenly spaced order statistics of each series: the
+/// same distribution for KS and Wasserstein, a bounded event.
+fn thin_reference(reference: &ReferenceSample) -> ReferenceSample {
+    ReferenceSample {
+        scores: thin(&reference.scores),
+        features: reference
+            .features
+            .iter()
+            .map(|(name, values)| (name.clone(), thin(values)))
+            .collect::<BTreeMap<_, _>>(),
+    }
+}
+
+fn thin(values: &[f64]) -> Vec<f64> {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    if sorted.len() <= REFERENCE_POINTS {
+        return sorted;
+    }
+    let n = sorted.len();
+    (0..REFERENCE_POINTS)
+        .map(|i| sorted[i * (n - 1) / (REFERENCE_POINTS - 1)])
+        .collect()
+}
+
+/// Reads a rollout's analysis stream back.
+async fn read_history(store: &EventStore, rollout_id: &str) -> Result<History, ControllerError> {
+    let mut history = History::default();
+    let stream = stream(rollout_id);
+    let mut from = 0;
+    loop {
+        let page = store
+            .read_stream(&stream, from, Direction::Forward, 500)
+            .await?;
+        let full = page.len() == 500;
+        for event in &page {
+            apply_history(&mut history, rollout_id, event)?;
+        }
+        match page.last() {
+            Some(last) if full => from = last.stream_version + 1,
+            _ => break,
+        }
+    }
+    Ok(history)
+}
+
+fn apply_history(
+    history: &mut History,
+    rollout_id: &str,
+    event: &RecordedEvent,
+) -> Result<(), ControllerError> {
+    let corrupt = |reason: String| ControllerError::Corrupt {
+        id: rollout_id.to_owned(),
+        seq: event.seq,
+        reason,
+    };
+    history.version = event.stream_version;
+    let p = event.payload_value().map_err(|e| corrupt(e.to_string()))?;
+    match event.event_type.as_str() {
+        CHECKED => {
+            history.state = Some(
+                serde_json::from_value(p["state"].clone()).map_err(|e| corrupt(e.to_string()))?,
+            );
+            history.window_end = Some(
+                serde_json::from_value(p["window_end"].clone())
+                    .map_err(|e| corrupt(e.to_string()))?,
+            );
+            history.step = p["step"].as_u64().unwrap_or(history.step);
+        }
+        STEP_SNAPSHOT => history.snapshots.push(CommittedSnapshot {
+            step: p["step"].as_u64().unwrap_or(0),
+            snapshot_id: p["snapshot_id"].as_str().unwrap_or_default().to_owned(),
+        }),
+        REFERENCE_FIXED => {
+            history.reference = Some(
+                serde_json::from_value(p["reference"].clone())
+                    .map_err(|e| corrupt(e.to_string()))?,
+            );
+        }
+        ROLLBACK_DECIDED => {
+            let target = p["target"]["snapshot_id"].as_str().map(str::to_owned);
+            let reason = p["reason"].as_str().unwrap_or_default().to_owned();
+            history.rollback = Some((event.seq, target, reason));
+        }
+        _ => {}
+    }
+    Ok(())
+}
