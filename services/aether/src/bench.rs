@@ -25,6 +25,9 @@ pub enum BenchCommand {
     /// Clearing over gRPC (mTLS, SM2/SM4 session keys) through a real `aether serve`,
     /// against a bare tonic mTLS echo server in the same run.
     Clearing(crate::bench_clearing::ClearingBench),
+    /// Lineage: relay throughput into Delta and the OpenLineage store, OpenLineage lag at
+    /// an offered rate, and the time to open the Delta `events` table.
+    Lineage(crate::bench_lineage::LineageBench),
 }
 
 #[derive(Args)]
@@ -86,6 +89,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Ledger(b) => ledger(b).await,
         BenchCommand::Audit(b) => audit(b).await,
         BenchCommand::Clearing(b) => crate::bench_clearing::run(b).await,
+        BenchCommand::Lineage(b) => crate::bench_lineage::run(b).await,
     }
 }
 
@@ -154,7 +158,7 @@ fn aether_ledger_url_with_db(url: &str, name: &str) -> String {
     out
 }
 
-fn payload(bytes: usize, n: u64) -> serde_json::Value {
+pub(crate) fn payload(bytes: usize, n: u64) -> serde_json::Value {
     // A clearing-decision-like object padded to about `bytes` canonical bytes.
     let base = serde_json::json!({
         "request_id": format!("req-{n:012}"),
@@ -170,7 +174,7 @@ fn payload(bytes: usize, n: u64) -> serde_json::Value {
     obj
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
+pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
     }
@@ -178,7 +182,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[idx.min(sorted.len() - 1)]
 }
 
-fn ms(d: Duration) -> f64 {
+pub(crate) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
@@ -714,6 +718,7 @@ async fn control_rounds(store: EventStore, events: u64, rounds: u64) -> anyhow::
                         candidate: model_ref.clone(),
                         steps: vec![10, 50, 100],
                         analysis: Default::default(),
+                        automated: false,
                     },
                     &op,
                 )

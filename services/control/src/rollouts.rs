@@ -46,6 +46,11 @@ pub struct RolloutRequest {
     #[serde(default)]
     #[schema(value_type = Object)]
     pub analysis: serde_json::Map<String, serde_json::Value>,
+    /// Hand the rollout to the rollout controller, which widens, holds, fuses, promotes
+    /// and rolls back from the gateway's observations; operators keep pause, resume,
+    /// promote and abort. Off: every step is an operator's.
+    #[serde(default)]
+    pub automated: bool,
 }
 
 fn default_steps() -> Vec<u32> {
@@ -83,6 +88,8 @@ pub struct RolloutState {
     pub started_at: chrono::DateTime<chrono::Utc>,
     /// The analysis settings as given (overrides of the defaults).
     pub analysis: serde_json::Map<String, serde_json::Value>,
+    /// Driven by the rollout controller.
+    pub automated: bool,
 }
 
 /// A command on a running rollout.
@@ -273,6 +280,7 @@ impl RolloutRegistry {
                         started_event_id: event.event_id.to_string(),
                         started_at: event.recorded_at,
                         analysis: r.analysis,
+                        automated: r.automated,
                     },
                 );
             }

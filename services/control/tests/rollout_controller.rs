@@ -97,6 +97,7 @@ async fn harness(steps: Vec<u32>) -> Harness {
             .as_object()
             .unwrap()
             .clone(),
+        automated: true,
     };
     let (rollout, _) = state.rollouts.start(request, &op).await.unwrap();
     Harness {

@@ -33,6 +33,7 @@ fn request(steps: Vec<u32>) -> RolloutRequest {
         candidate: "finmoe-7b-v4@sgp-region".into(),
         steps,
         analysis: Default::default(),
+        automated: false,
     }
 }
 
@@ -75,6 +76,23 @@ async fn scenario(url: &str, dir: &std::path::Path) {
                 ..request(vec![100])
             },
             "other region",
+        ),
+        (
+            RolloutRequest {
+                analysis: json!({"window": {"length_ms": 10}})
+                    .as_object()
+                    .unwrap()
+                    .clone(),
+                ..request(vec![100])
+            },
+            "analysis window under 1 s",
+        ),
+        (
+            RolloutRequest {
+                analysis: json!({"windwo": {}}).as_object().unwrap().clone(),
+                ..request(vec![100])
+            },
+            "unknown analysis setting",
         ),
     ] {
         assert!(rollouts.start(req, &op).await.is_err(), "{what}");

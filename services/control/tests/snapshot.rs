@@ -312,6 +312,7 @@ fn rollout_request() -> aether_control::RolloutRequest {
         candidate: "finmoe-7b-v4@sgp-region".into(),
         steps: vec![1, 2, 5, 100],
         analysis: Default::default(),
+        automated: false,
     }
 }
 

@@ -105,6 +105,7 @@ async fn scenario(url: &str, dir: &std::path::Path) {
                 candidate: "finmoe-7b-v4@sgp-region".into(),
                 steps: vec![10, 50, 100],
                 analysis: Default::default(),
+                automated: false,
             },
             &op,
         )
