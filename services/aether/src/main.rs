@@ -6,6 +6,7 @@ mod audit_http;
 mod auth;
 mod bench;
 mod bench_clearing;
+mod bench_lineage;
 mod clearing;
 mod control_http;
 mod corpus_http;

@@ -1,0 +1,230 @@
+//! `aether bench lineage`: events/s through the lineage relays into the Delta `events`
+//! table and the OpenLineage store, the lag of the OpenLineage records (which follow the
+//! Delta commits) at an offered rate, and the time to open the `events` table.
+
+use std::time::{Duration, Instant};
+
+use aether_ledger::{
+    AppendToStream, EventStore, ExpectedVersion, NewEvent, StoreConfig, redact_url,
+};
+use aether_lineage::MappingContext;
+use aether_lineage::delta::DeltaSink;
+use aether_lineage::delta_relay::{DELTA_CURSOR, DeltaRelayConfig, run_delta_relay};
+use aether_lineage::relay::{OPENLINEAGE_CURSOR, run_openlineage_relay};
+use clap::Args;
+
+use crate::bench::{Scratch, ms, payload, percentile};
+
+#[derive(Args)]
+pub struct LineageBench {
+    /// Server to benchmark on: `postgres://…` (needs CREATE DATABASE) or `sqlite:` (temp files).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: String,
+    /// Events in the ledger for the throughput run; the `events` table is then opened at
+    /// that size.
+    #[arg(long, default_value_t = 1_000_000)]
+    events: u64,
+    /// Offered load for the lag run, events per second (0 skips it).
+    #[arg(long, default_value_t = 10_000)]
+    rate: u64,
+    /// Seconds the lag run lasts.
+    #[arg(long, default_value_t = 20)]
+    secs: u64,
+    /// Approximate canonical payload size per event, bytes.
+    #[arg(long, default_value_t = 500)]
+    payload_bytes: usize,
+}
+
+/// Both relays of `aether serve` on `store`, writing under `dir`.
+struct Relays {
+    stop: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<Result<(), aether_lineage::relay::RelayError>>>,
+}
+
+impl Relays {
+    fn start(store: &EventStore, dir: &std::path::Path) -> Relays {
+        let (stop, rx) = tokio::sync::watch::channel(false);
+        let tasks = vec![
+            tokio::spawn(run_delta_relay(
+                store.clone(),
+                DeltaRelayConfig::new(dir.join("delta").join("events")),
+                rx.clone(),
+            )),
+            tokio::spawn(run_openlineage_relay(
+                store.clone(),
+                MappingContext::new("http://127.0.0.1:8080"),
+                None,
+                rx,
+            )),
+        ];
+        Relays { stop, tasks }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+/// The lower of the two relays' cursors.
+async fn relayed(store: &EventStore) -> anyhow::Result<u64> {
+    let delta = store.load_position(DELTA_CURSOR).await?.unwrap_or(0);
+    let openlineage = store.load_position(OPENLINEAGE_CURSOR).await?.unwrap_or(0);
+    Ok(delta.min(openlineage))
+}
+
+/// Events `first..first + count` as one atomic append over up to 64 streams.
+fn batch(first: u64, count: u64, payload_bytes: usize) -> Vec<AppendToStream> {
+    let streams = count.min(64);
+    (0..streams)
+        .map(|s| AppendToStream {
+            stream_id: format!("clearing/member-{s:04}"),
+            expected: ExpectedVersion::Any,
+            events: (first + s..first + count)
+                .step_by(streams as usize)
+                .map(|n| NewEvent::new("ClearingDecided", payload(payload_bytes, n)))
+                .collect(),
+        })
+        .collect()
+}
+
+/// Appends `n` events in batches of 500.
+async fn fill(store: &EventStore, n: u64, payload_bytes: usize) -> anyhow::Result<()> {
+    let mut done = 0;
+    while done < n {
+        let count = (n - done).min(500);
+        store
+            .append_multi(batch(done, count, payload_bytes))
+            .await?;
+        done += count;
+    }
+    Ok(())
+}
+
+pub async fn run(b: LineageBench) -> anyhow::Result<()> {
+    println!(
+        "# aether bench lineage on {} (~{} B payloads)\n",
+        redact_url(&b.database_url),
+        b.payload_bytes
+    );
+
+    // Throughput: a filled ledger, then both relays from zero until both reach the head.
+    let scratch = Scratch::new(&b.database_url).await?;
+    let dir = tempfile::tempdir()?;
+    let store = EventStore::connect(&scratch.url, StoreConfig::default()).await?;
+    let filling = Instant::now();
+    fill(&store, b.events, b.payload_bytes).await?;
+    println!(
+        "filled {} events in {:.1} s",
+        b.events,
+        filling.elapsed().as_secs_f64()
+    );
+    let started = Instant::now();
+    let relays = Relays::start(&store, dir.path());
+    while relayed(&store).await? < b.events {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    relays.stop().await;
+    println!(
+        "relay throughput (Delta + OpenLineage records): {} events in {secs:.1} s = {:.0} events/s",
+        b.events,
+        b.events as f64 / secs
+    );
+
+    // Opening the `events` table at that size (checkpoints every 10 versions).
+    let mut opens = Vec::new();
+    for _ in 0..5 {
+        let begun = Instant::now();
+        let sink = DeltaSink::open_or_create(dir.path().join("delta").join("events")).await?;
+        opens.push(begun.elapsed());
+        anyhow::ensure!(
+            sink.last_seq() == b.events,
+            "the table holds {} events",
+            sink.last_seq()
+        );
+    }
+    opens.sort();
+    println!(
+        "open the events table at {} events: median {:.1} ms, max {:.1} ms",
+        b.events,
+        ms(percentile(&opens, 0.5)),
+        ms(percentile(&opens, 1.0))
+    );
+    store.shutdown().await;
+    scratch.drop().await;
+
+    if b.rate > 0 {
+        lag(&b).await?;
+    }
+    Ok(())
+}
+
+/// Open loop at `rate` events/s for `secs`: the lag from each event's commit to its
+/// OpenLineage record (written once its Delta commit is linked), sampled every 10 ms.
+async fn lag(b: &LineageBench) -> anyhow::Result<()> {
+    let scratch = Scratch::new(&b.database_url).await?;
+    let dir = tempfile::tempdir()?;
+    let store = EventStore::connect(&scratch.url, StoreConfig::default()).await?;
+    let relays = Relays::start(&store, dir.path());
+    let (payload_bytes, rate, secs) = (b.payload_bytes, b.rate, b.secs);
+    // Commit times by seq, from the appender; batches of rate/100 every 10 ms.
+    let writer = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut committed: Vec<(u64, Instant)> = Vec::new();
+            let per_tick = (rate / 100).max(1);
+            let mut ticker = tokio::time::interval(Duration::from_millis(10));
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            let mut n = 0;
+            for _ in 0..secs * 100 {
+                ticker.tick().await;
+                let appends = batch(n, per_tick, payload_bytes);
+                n += per_tick;
+                if let Ok(events) = store.append_multi(appends).await
+                    && let Some(last) = events.last()
+                {
+                    committed.push((last.seq, Instant::now()));
+                }
+            }
+            committed
+        })
+    };
+    let mut seen: Vec<(u64, Instant)> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(secs + 60);
+    loop {
+        let at = relayed(&store).await?;
+        if seen.last().is_none_or(|(s, _)| *s < at) {
+            seen.push((at, Instant::now()));
+        }
+        if writer.is_finished() && store.head().await?.is_some_and(|(h, _)| at >= h) {
+            break;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the relays did not catch up");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let committed = writer.await?;
+    relays.stop().await;
+    // Each batch's lag: from its commit to the first sample at or past its last seq.
+    let mut lags: Vec<Duration> = committed
+        .iter()
+        .filter_map(|(seq, at)| {
+            seen.iter()
+                .find(|(s, _)| s >= seq)
+                .map(|(_, t)| t.saturating_duration_since(*at))
+        })
+        .collect();
+    lags.sort();
+    let events = committed.last().map_or(0, |(s, _)| *s);
+    println!(
+        "lag at an offered {rate} events/s for {secs} s ({events} events): p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+        ms(percentile(&lags, 0.5)),
+        ms(percentile(&lags, 0.99)),
+        ms(percentile(&lags, 1.0))
+    );
+    store.shutdown().await;
+    scratch.drop().await;
+    Ok(())
+}
