@@ -7,6 +7,7 @@
 //! another crate and calls [`ClearingModel::score_and_net`].
 
 pub mod artifact;
+pub mod blind_spot;
 pub mod features;
 pub mod model;
 pub mod netting;
