@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aether_control::ControlState;
+use aether_control::rollout_controller::ObservationSender;
 use aether_gateway::certs::{DevPkiSpec, InitOutcome, PkiLayout, init_dev_pki};
 use aether_gateway::clearing::{ClearingGateway, GatewayConfig};
 use aether_gateway::client::ClearingClient;
@@ -86,7 +87,20 @@ pub async fn start(
     data_dir: &Path,
     store: EventStore,
     control: ControlState,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    start_observed(args, data_dir, store, control, stop, None).await
+}
+
+/// As [`start`], reporting rollout traffic to `observations` (the rollout supervisor's
+/// channel) when given.
+pub async fn start_observed(
+    args: &ClearingArgs,
+    data_dir: &Path,
+    store: EventStore,
+    control: ControlState,
     mut stop: tokio::sync::watch::Receiver<bool>,
+    observations: Option<ObservationSender>,
 ) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let tls_paths = match (&args.tls_ca, &args.tls_cert, &args.tls_key) {
         (Some(ca), Some(cert), Some(key)) => TlsPaths {
@@ -128,6 +142,7 @@ pub async fn start(
         region: args.clearing_region.clone(),
         hold_score: args.hold_score,
         risk,
+        observations,
         ..GatewayConfig::default()
     };
     config.batcher.max_batch = args.batch_max.max(1);

@@ -17,6 +17,7 @@ use serde_json::json;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use uuid::Uuid;
 
+use crate::observations::Observed;
 use crate::pb::v1::{self as pb, WorkAssignment, WorkItem};
 use crate::workers::{DispatchError, WorkerPool};
 
@@ -84,6 +85,8 @@ pub struct Job {
     pub trade: Trade,
     pub context: TradeContext,
     pub reply: oneshot::Sender<Result<Scored, String>>,
+    /// The rollout stage this trade's model serves, when its batches are reported.
+    pub observed: Option<Observed>,
 }
 
 /// A trade's score and the batch it was scored in.
@@ -161,6 +164,7 @@ async fn collect(
         let Ok(permit) = workers.clone().acquire_owned().await else {
             return;
         };
+        let queue_depth = rx.len();
         // A batch may hold trades for several models (baseline and candidate).
         let mut by_model: HashMap<String, Vec<Job>> = HashMap::new();
         for job in batch {
@@ -172,7 +176,7 @@ async fn collect(
         let (store, pool, config) = (store.clone(), pool.clone(), config.clone());
         tokio::spawn(async move {
             for (_, jobs) in by_model {
-                run_batch(&store, &pool, &config, jobs).await;
+                run_batch(&store, &pool, &config, jobs, queue_depth).await;
             }
             drop(permit);
         });
@@ -319,8 +323,15 @@ fn check_remote(
     Ok((scores, netting))
 }
 
-/// Scores and nets one single-model batch, records its netting, answers every job.
-async fn run_batch(store: &EventStore, pool: &WorkerPool, config: &BatcherConfig, jobs: Vec<Job>) {
+/// Scores and nets one single-model batch, records its netting, answers every job;
+/// `queue_depth`: trades waiting when the batch started, for its rollout report.
+async fn run_batch(
+    store: &EventStore,
+    pool: &WorkerPool,
+    config: &BatcherConfig,
+    jobs: Vec<Job>,
+    queue_depth: usize,
+) {
     let Some(model) = jobs.first().map(|j| j.model.clone()) else {
         return;
     };
@@ -338,6 +349,14 @@ async fn run_batch(store: &EventStore, pool: &WorkerPool, config: &BatcherConfig
         }
     };
     metrics::histogram!("aether_clearing_batch_size").record(jobs.len() as f64);
+    if let Some(observed) = jobs.first().and_then(|j| j.observed.as_ref()) {
+        observed.batch(
+            jobs.len(),
+            config.max_batch,
+            queue_depth,
+            u64::try_from(result.elapsed.as_micros()).unwrap_or(u64::MAX),
+        );
+    }
     metrics::histogram!("aether_clearing_worker_seconds").record(result.elapsed.as_secs_f64());
     // Amounts as decimal strings: a sum may exceed the ledger's exact JSON integers.
     let positions: Vec<_> = result

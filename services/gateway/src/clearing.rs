@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
+use aether_control::rollout_controller::ObservationSender;
 use aether_control::{ControlState, EngineStatus, Origin, RolloutPhase};
 use aether_gpu_worker::{ClearingModel, DeviceChoice, Trade, TradeContext};
 use aether_ledger::hashing::{canonical_json, sm3};
@@ -23,6 +24,10 @@ use serde_json::{Value, json};
 use tokio::sync::{OnceCell, oneshot};
 
 use crate::batcher::{Batcher, BatcherConfig, Job, ModelHandle};
+use crate::observations::{
+    Observed, ShadowJob, ShadowQueue, ShadowSettings, Verdict, feature_map, in_shadow_sample,
+    stage_of,
+};
 use crate::risk_book::{RiskBook, RiskSettings};
 use crate::workers::WorkerPool;
 
@@ -131,6 +136,10 @@ pub struct GatewayConfig {
     pub batcher: BatcherConfig,
     pub risk: RiskSettings,
     pub device: DeviceChoice,
+    /// Where the rollout supervisor listens; `None`: nothing is observed or computed for it.
+    pub observations: Option<ObservationSender>,
+    /// Shadow scoring by the other stage while a rollout is observed.
+    pub shadow: ShadowSettings,
 }
 
 impl Default for GatewayConfig {
@@ -141,7 +150,17 @@ impl Default for GatewayConfig {
             batcher: BatcherConfig::default(),
             risk: RiskSettings::default(),
             device: DeviceChoice::Cpu,
+            observations: None,
+            shadow: ShadowSettings::default(),
         }
+    }
+}
+
+impl GatewayConfig {
+    /// Reports rollout traffic to `tx` (see [`crate::observations`]).
+    pub fn with_observations(mut self, tx: ObservationSender) -> Self {
+        self.observations = Some(tx);
+        self
     }
 }
 
@@ -152,6 +171,8 @@ struct Inner {
     control: ControlState,
     config: GatewayConfig,
     batcher: Batcher,
+    /// Present only when observations are sent.
+    shadow: Option<ShadowQueue>,
     risk: RiskBook,
     models: Mutex<HashMap<String, Arc<ClearingModel>>>,
     in_flight: Mutex<HashMap<(String, String), InFlight>>,
@@ -192,6 +213,8 @@ struct Route {
     stage: &'static str,
     hooks: Vec<String>,
     rollout: Option<(String, u32)>,
+    /// During a rollout, the other stage's model (the one that shadow-scores).
+    shadow_ref: Option<String>,
 }
 
 impl ClearingGateway {
@@ -202,18 +225,33 @@ impl ClearingGateway {
         workers: WorkerPool,
     ) -> Self {
         let batcher = Batcher::start(config.batcher.clone(), store.clone(), workers);
-        ClearingGateway {
-            inner: Arc::new(Inner {
+        // The shadow scorer loads models through the gateway but must not keep it alive.
+        let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| {
+            let shadow = config.observations.as_ref().map(|_| {
+                let weak = weak.clone();
+                ShadowQueue::start(&config.shadow, config.hold_score, move |model_ref| {
+                    let weak = weak.clone();
+                    async move {
+                        let gateway = ClearingGateway {
+                            inner: weak.upgrade()?,
+                        };
+                        gateway.model(&model_ref).await.ok()?.local
+                    }
+                })
+            });
+            Inner {
                 risk: RiskBook::new(config.risk.clone()),
                 store,
                 control,
                 config,
                 batcher,
+                shadow,
                 models: Mutex::default(),
                 in_flight: Mutex::default(),
                 recent: Mutex::default(),
-            }),
-        }
+            }
+        });
+        ClearingGateway { inner }
     }
 
     /// Clears one submission; see the module docs for the guarantees.
@@ -303,7 +341,14 @@ impl ClearingGateway {
         let trade = validate(&s)?;
         let route = self.route(&s.request_id, &s.colouring.model_stage)?;
         let origin = origin_of(&s, &route)?;
-        let model = self.model(&route.model_ref).await?;
+        let observed = self.observed(&route);
+        let stage_failed = |e: ClearError| {
+            if let Some(o) = &observed {
+                o.failed(&s.request_id, micros_since(started));
+            }
+            e
+        };
+        let model = self.model(&route.model_ref).await.map_err(&stage_failed)?;
 
         // Rules against the live context, then the clauses the fired rules cite.
         let (context, velocity) = self.inner.risk.context(&s.member_id, &trade.seller, now);
@@ -330,12 +375,14 @@ impl ClearingGateway {
                 trade: trade.clone(),
                 context: context_for_model,
                 reply,
+                observed: observed.clone(),
             })
             .map_err(|e| ClearError::Overloaded(e.to_string()))?;
         let scored = scored
             .await
-            .map_err(|_| ClearError::Worker("the batch was dropped".into()))?
-            .map_err(ClearError::Worker)?;
+            .map_err(|_| ClearError::Worker("the batch was dropped".into()))
+            .and_then(|r| r.map_err(ClearError::Worker))
+            .map_err(&stage_failed)?;
 
         let score = f64::from(scored.score.score);
         let decision = match evaluation.decision {
@@ -350,6 +397,7 @@ impl ClearingGateway {
             .map(|f| format!("{}/{}", f.policy, f.rule_id))
             .collect();
         let model_stage = origin.model_stage.clone().unwrap_or_default();
+        let latency_us = micros_since(started);
         let event = NewEvent::new(
             CLEARING_DECIDED,
             json!({
@@ -382,7 +430,7 @@ impl ClearingGateway {
                 "batch_id": scored.batch_id.to_string(),
                 "batch_size": scored.batch_size,
                 "netting_seq": scored.netting_seq,
-                "latency_us": u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+                "latency_us": latency_us,
                 "snapshot_id": snapshot_id,
                 "snapshot": {
                     "rules_digest": hex::encode(evaluation.rules_digest),
@@ -413,6 +461,18 @@ impl ClearingGateway {
         self.inner
             .risk
             .record(&trade, decision == Decision::Cleared, now);
+        if let Some(o) = observed {
+            let rules_flagged = matches!(evaluation.decision, Action::Hold | Action::Deny);
+            self.report_decided(
+                o,
+                &route,
+                &trade,
+                context_for_model,
+                latency_us,
+                scored.score,
+                rules_flagged,
+            );
+        }
         metrics::counter!("aether_clearing_decisions_total", "decision" => decision_label(decision), "stage" => route.stage).increment(1);
         metrics::histogram!("aether_clearing_latency_seconds", "stage" => route.stage)
             .record(started.elapsed().as_secs_f64());
@@ -433,6 +493,57 @@ impl ClearingGateway {
             },
             replayed: false,
         })
+    }
+
+    /// Where this request's observations go: only with a channel and during a rollout.
+    fn observed(&self, route: &Route) -> Option<Observed> {
+        let tx = self.inner.config.observations.as_ref()?;
+        let (rollout_id, _) = route.rollout.as_ref()?;
+        Some(Observed {
+            rollout_id: rollout_id.clone(),
+            stage: stage_of(route.stage),
+            tx: tx.clone(),
+        })
+    }
+
+    /// Reports a decided request for its stage and, on the sample, queues the other
+    /// stage's shadow score (off the request's path).
+    #[allow(clippy::too_many_arguments)]
+    fn report_decided(
+        &self,
+        observed: Observed,
+        route: &Route,
+        trade: &Trade,
+        context: TradeContext,
+        latency_us: u64,
+        score: aether_gpu_worker::Score,
+        rules_flagged: bool,
+    ) {
+        let features = feature_map(trade, &context);
+        let shadow = self.inner.shadow.as_ref().zip(route.shadow_ref.as_ref());
+        if let Some((queue, model_ref)) = shadow
+            && in_shadow_sample(&trade.request_id, self.inner.config.shadow.fraction)
+        {
+            queue.offer(ShadowJob {
+                live: observed.clone(),
+                model_ref: model_ref.clone(),
+                request_id: trade.request_id.clone(),
+                trade: trade.clone(),
+                context,
+                rules_flagged,
+                features: features.clone(),
+            });
+        }
+        observed.answered(
+            &trade.request_id,
+            latency_us,
+            Verdict {
+                score,
+                flagged: f64::from(score.score) >= self.inner.config.hold_score,
+                rules_flagged,
+                features,
+            },
+        );
     }
 
     /// The active engine and, during a rollout, baseline or candidate for this request.
@@ -467,7 +578,7 @@ impl ClearingGateway {
             r.region == engine.region
                 && matches!(r.phase, RolloutPhase::Progressing | RolloutPhase::Paused)
         });
-        let (model_ref, stage) = match &rollout {
+        let (model_ref, stage, shadow_ref) = match &rollout {
             Some(r) => {
                 let candidate = if requested_stage.starts_with("green-") {
                     true
@@ -477,12 +588,12 @@ impl ClearingGateway {
                     bucket(request_id) < r.candidate_weight
                 };
                 if candidate {
-                    (r.candidate.clone(), "green")
+                    (r.candidate.clone(), "green", Some(r.baseline.clone()))
                 } else {
-                    (r.baseline.clone(), "blue")
+                    (r.baseline.clone(), "blue", Some(r.candidate.clone()))
                 }
             }
-            None => (engine.model_ref.clone(), "blue"),
+            None => (engine.model_ref.clone(), "blue", None),
         };
         Ok(Route {
             region: engine.region.clone(),
@@ -490,6 +601,7 @@ impl ClearingGateway {
             stage,
             hooks: engine.policy_hooks.clone(),
             rollout: rollout.map(|r| (r.id, r.candidate_weight)),
+            shadow_ref,
         })
     }
 
@@ -570,6 +682,10 @@ fn decision_label(d: Decision) -> &'static str {
         Decision::HeldForReview => "held_for_review",
         Decision::Rejected => "rejected",
     }
+}
+
+fn micros_since(started: Instant) -> u64 {
+    u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
 
 /// Scores are recorded rounded so that the event's JSON is exact and stable.

@@ -1,6 +1,6 @@
 //! The gRPC clearing gateway: mTLS identities ([`identity`], [`tls`], [`certs`]), the
 //! SM2/SM4 envelope ([`envelope`]), the clearing pipeline ([`clearing`]: rules, routing,
-//! [`batcher`], decision events), its gRPC service ([`service`]) and a client ([`client`]).
+//! [`batcher`], decision events, [`observations`] for rollout analysis), its gRPC service ([`service`]) and a client ([`client`]).
 //!
 //! Invariant: a member is never answered before the decision's event has committed.
 
@@ -10,6 +10,7 @@ pub mod clearing;
 pub mod client;
 pub mod envelope;
 pub mod identity;
+pub mod observations;
 pub mod pb;
 pub mod risk_book;
 pub mod service;
