@@ -872,7 +872,7 @@ async fn the_openapi_document_matches_the_routes() {
     );
     let mut checked = 0;
     for (path, item) in paths {
-        let url = server.url(&path.replace('{', "").replace('}', ""));
+        let url = server.url(&path.replace(['{', '}'], ""));
         for method in item.as_object().unwrap().keys() {
             let request = match method.as_str() {
                 "get" => http().get(&url),

@@ -38,7 +38,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status, Streaming};
 
 /// Members the development PKI issues certificates for; channels alternate between them.
-const MEMBERS: [&str; 2] = ["bank-a", "bank-b"];
+pub(crate) const MEMBERS: [&str; 2] = ["bank-a", "bank-b"];
 /// Prefix of the client's result lines on its stdout.
 const RESULT_PREFIX: &str = "aether-bench-result ";
 const AML_POLICY: &str = include_str!("../../rules/policies/aml_v2.yaml");
@@ -311,7 +311,7 @@ async fn measure(
         data,
         &log_path,
         database.map(|(url, _)| url),
-        &format!("operator:{operator},regulator:{regulator}"),
+        Some(&format!("operator:{operator},regulator:{regulator}")),
         b.batch_delay_us,
     )
     .await?;
@@ -349,19 +349,20 @@ async fn measure(
 }
 
 /// A running `aether serve` child process.
-struct ServeChild {
+pub(crate) struct ServeChild {
     child: tokio::process::Child,
     pid: u32,
-    http: String,
-    grpc: String,
+    pub(crate) http: String,
+    pub(crate) grpc: String,
 }
 
 impl ServeChild {
-    async fn start(
+    /// `tokens`: `AETHER_TOKENS` for the child, or None to let it create `<data>/tokens`.
+    pub(crate) async fn start(
         data: &Path,
         log_path: &Path,
         database_url: Option<&str>,
-        tokens: &str,
+        tokens: Option<&str>,
         batch_delay_us: u64,
     ) -> anyhow::Result<ServeChild> {
         let exe = std::env::current_exe().context("cannot find the aether binary")?;
@@ -374,7 +375,6 @@ impl ServeChild {
             .args(["--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0"])
             .arg("--batch-delay-us")
             .arg(batch_delay_us.to_string())
-            .env("AETHER_TOKENS", tokens)
             .env_remove("AETHER_TOKENS_FILE")
             .env("AETHER_LOG", "warn")
             .stdin(Stdio::null())
@@ -384,6 +384,10 @@ impl ServeChild {
         match database_url {
             Some(url) => cmd.env("DATABASE_URL", url),
             None => cmd.env_remove("DATABASE_URL"),
+        };
+        match tokens {
+            Some(tokens) => cmd.env("AETHER_TOKENS", tokens),
+            None => cmd.env_remove("AETHER_TOKENS"),
         };
         let mut child = cmd.spawn().context("cannot start aether serve")?;
         let pid = child.id().unwrap_or(0);
@@ -421,7 +425,7 @@ impl ServeChild {
         }
     }
 
-    async fn stop(&mut self) {
+    pub(crate) async fn stop(&mut self) {
         let _ = self.child.start_kill();
         let _ = self.child.wait().await;
     }
@@ -429,7 +433,7 @@ impl ServeChild {
 
 /// Registers the reference model, ingests aml_v2 and a corpus document, activates the
 /// engine and waits until it is active (as `tests/tests/clearing_e2e.rs` does).
-async fn setup_engine(
+pub(crate) async fn setup_engine(
     http: &str,
     tmp: &Path,
     operator: &str,
@@ -502,7 +506,7 @@ async fn setup_engine(
     }
 }
 
-fn expect(answer: (u16, String), status: u16, what: &str) -> anyhow::Result<()> {
+pub(crate) fn expect(answer: (u16, String), status: u16, what: &str) -> anyhow::Result<()> {
     if answer.0 != status {
         bail!(
             "cannot {what}: HTTP {} (expected {status}): {}",
@@ -1092,14 +1096,14 @@ fn code_name(code: tonic::Code) -> String {
 }
 
 /// Settlement date T+2, as members send it.
-fn value_date() -> String {
+pub(crate) fn value_date() -> String {
     (chrono::Utc::now() + chrono::Duration::days(2))
         .format("%Y-%m-%d")
         .to_string()
 }
 
 /// A small deterministic generator (SplitMix64) for the trades.
-struct SplitMix(u64);
+pub(crate) struct SplitMix(pub(crate) u64);
 
 impl SplitMix {
     fn next(&mut self) -> u64 {
@@ -1110,7 +1114,7 @@ impl SplitMix {
         z ^ (z >> 31)
     }
 
-    fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
     }
 
@@ -1122,7 +1126,7 @@ impl SplitMix {
 /// A realistic small trade: the member buys from one of 200 counterparties, 100.00 to
 /// 50,000.00 (log-uniform) in one of four currencies, mostly Singapore; about one trade
 /// in a hundred is above the reporting threshold (the rules hold it).
-fn trade_request(rng: &mut SplitMix, member: &str, value_date: &str) -> ClearingRequest {
+pub(crate) fn trade_request(rng: &mut SplitMix, member: &str, value_date: &str) -> ClearingRequest {
     const CURRENCIES: [&str; 4] = ["SGD", "SGD", "USD", "EUR"];
     const JURISDICTIONS: [&str; 5] = ["SG", "SG", "SG", "HK", "GB"];
     let amount_minor = if rng.below(100) == 0 {
@@ -1231,7 +1235,7 @@ fn loadavg() -> Option<String> {
 // ---------------------------------------------------------------------------------------
 // A minimal HTTP/1.1 client for the setup calls
 
-async fn post_json(
+pub(crate) async fn post_json(
     base: &str,
     path: &str,
     token: &str,
@@ -1250,7 +1254,7 @@ async fn post_json(
 
 /// One HTTP/1.1 request on a fresh connection (`Connection: close`); returns the status
 /// and the body. Enough for a handful of setup calls to the local server.
-async fn http_request(
+pub(crate) async fn http_request(
     base: &str,
     method: &str,
     path: &str,

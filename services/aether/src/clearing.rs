@@ -81,20 +81,9 @@ pub fn envelope_paths(data_dir: &Path) -> (PathBuf, PathBuf) {
     (keys.join("envelope.pem"), keys.join("envelope.pub.pem"))
 }
 
-/// Starts the clearing gateway; returns its address and the server task.
+/// Starts the clearing gateway; returns its address and the server task. Rollout traffic
+/// is reported to `observations` (the rollout supervisor's channel) when given.
 pub async fn start(
-    args: &ClearingArgs,
-    data_dir: &Path,
-    store: EventStore,
-    control: ControlState,
-    stop: tokio::sync::watch::Receiver<bool>,
-) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    start_observed(args, data_dir, store, control, stop, None).await
-}
-
-/// As [`start`], reporting rollout traffic to `observations` (the rollout supervisor's
-/// channel) when given.
-pub async fn start_observed(
     args: &ClearingArgs,
     data_dir: &Path,
     store: EventStore,

@@ -106,10 +106,10 @@ async fn start_rollout(
 /// `POST /v1/rollouts/{id}/{step|pause|resume|promote|abort}` (operator), optional body
 /// `{expected_version, reason}`.
 #[utoipa::path(post, path = "/v1/rollouts/{id}/{command}", tag = "rollouts",
-    description = "Applies `step`, `pause`, `resume`, `promote` or `abort` if the state machine allows it; optional body `{expected_version, reason}` (409 when stale). Role: operator.",
+    description = "Applies `step`, `pause`, `resume`, `promote` or `abort` if the state machine allows it; optional body `{expected_version, reason, duration_ms}` (409 when stale; `duration_ms` with pause resumes by itself). Role: operator.",
     params(("id" = String, Path, description = "Rollout id"),
            ("command" = String, Path, description = "step | pause | resume | promote | abort")),
-    request_body(content = serde_json::Value, description = "Optional `{expected_version, reason}`"),
+    request_body(content = serde_json::Value, description = "Optional `{expected_version, reason, duration_ms}`"),
     responses(
         (status = 200, description = "`{rollout, event}`", body = serde_json::Value),
         (status = 404, description = "No such rollout or command"),
@@ -126,7 +126,11 @@ async fn rollout_command(
     struct Options {
         expected_version: Option<u64>,
         reason: Option<String>,
+        /// With `pause`: resume by itself after this long.
+        duration_ms: Option<u64>,
     }
+    /// A week: longer pauses are indefinite ones (resume by hand).
+    const MAX_PAUSE_MS: u64 = 7 * 24 * 3600 * 1000;
     let caller = authorize(&state, &headers, &[Role::Operator])?;
     let origin = origin_of(&state, &origin, &caller);
     let command: Command = command.parse().map_err(|e: RolloutError| {
@@ -137,18 +141,47 @@ async fn rollout_command(
     } else {
         json_body(&body, "command options {expected_version, reason}")?
     };
-    let (rollout, event) = state
-        .control
-        .rollouts
-        .command(
-            &id,
-            command,
-            options.expected_version,
-            options.reason.as_deref(),
-            &origin,
-        )
-        .await
-        .map_err(rollout_problem)?;
+    let rollouts = &state.control.rollouts;
+    let (rollout, event) = match (command, options.duration_ms) {
+        (_, None) => {
+            rollouts
+                .command(
+                    &id,
+                    command,
+                    options.expected_version,
+                    options.reason.as_deref(),
+                    &origin,
+                )
+                .await
+        }
+        (Command::Pause, Some(ms @ 1..=MAX_PAUSE_MS)) => {
+            let until = chrono::Utc::now() + chrono::TimeDelta::milliseconds(ms as i64);
+            rollouts
+                .pause_until(
+                    &id,
+                    until,
+                    options.expected_version,
+                    options.reason.as_deref(),
+                    &origin,
+                )
+                .await
+        }
+        (Command::Pause, Some(ms)) => {
+            return Err(Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Invalid pause",
+                format!("duration_ms must be 1..={MAX_PAUSE_MS}, got {ms}"),
+            ));
+        }
+        (_, Some(_)) => {
+            return Err(Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Invalid command",
+                "duration_ms applies to pause only",
+            ));
+        }
+    }
+    .map_err(rollout_problem)?;
     Ok(axum::Json(json!({ "rollout": rollout, "event": event })).into_response())
 }
 

@@ -10,10 +10,12 @@ mod bench_lineage;
 mod clearing;
 mod control_http;
 mod corpus_http;
+mod demo;
 mod http;
 mod lineage_api;
 mod model;
 mod openapi;
+mod rollout_supervisor;
 mod serve;
 mod snapshot_http;
 mod worker;
@@ -64,6 +66,9 @@ enum Command {
     /// A clearing member's client.
     #[command(subcommand)]
     Client(ClientCommand),
+    /// Watch the rollout controller at work: a fresh service, a baseline, a flawed
+    /// candidate rolled out under clearing traffic, widened, breached and rolled back.
+    Demo(demo::DemoArgs),
     /// Rebuild the control plane's state from seq 1 and print its digest (compare with
     /// `GET /v1/state` of the running service).
     Replay {
@@ -230,6 +235,7 @@ fn main() -> ExitCode {
                 model::train_command(args).map(|_| ExitCode::SUCCESS)
             }
             Command::Worker(args) => worker::run(args).await.map(|_| ExitCode::SUCCESS),
+            Command::Demo(args) => demo::run(args).await.map(|_| ExitCode::SUCCESS),
             Command::Client(ClientCommand::Submit(args)) => {
                 clearing::submit(args).await.map(|_| ExitCode::SUCCESS)
             }

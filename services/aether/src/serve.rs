@@ -171,6 +171,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             "closed engine activations interrupted by a restart"
         );
     }
+    // Automated rollouts: the gateway reports each routed request, the supervisor runs a
+    // controller per rollout.
+    let (observations, observed) = crate::rollout_supervisor::channel();
+    let supervisor = tokio::spawn(crate::rollout_supervisor::run(
+        store.clone(),
+        control.clone(),
+        observed,
+        stop_rx.clone(),
+    ));
     let (grpc_stop_tx, grpc_stop_rx) = tokio::sync::watch::channel(false);
     let grpc = if args.clearing.no_grpc {
         None
@@ -181,6 +190,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             store.clone(),
             control.clone(),
             grpc_stop_rx,
+            Some(observations),
         )
         .await?;
         tracing::info!(grpc = %addr, "clearing gateway serving (mTLS)");
@@ -213,6 +223,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     tracing::info!("shutting down: signing a last checkpoint and draining the ledger writer");
     let _ = stop_tx.send(true);
+    let _ = supervisor.await;
     match checkpointer.await {
         Ok(Err(e)) => tracing::error!(error = %e, "checkpointer failed"),
         Err(e) => tracing::error!(error = %e, "checkpointer task failed"),

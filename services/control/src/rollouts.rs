@@ -90,6 +90,8 @@ pub struct RolloutState {
     pub analysis: serde_json::Map<String, serde_json::Value>,
     /// Driven by the rollout controller.
     pub automated: bool,
+    /// A pause with a duration ends here (resumed by [`RolloutRegistry::resume_due`]).
+    pub resume_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// A command on a running rollout.
@@ -281,6 +283,7 @@ impl RolloutRegistry {
                         started_at: event.recorded_at,
                         analysis: r.analysis,
                         automated: r.automated,
+                        resume_at: None,
                     },
                 );
             }
@@ -298,8 +301,14 @@ impl RolloutRegistry {
                 state.candidate_weight = to;
                 state.step_index = state.steps.iter().rposition(|&s| s <= to);
             }
-            PAUSED => state.phase = RolloutPhase::Paused,
-            RESUMED => state.phase = RolloutPhase::Progressing,
+            PAUSED => {
+                state.phase = RolloutPhase::Paused;
+                state.resume_at = serde_json::from_value(p["resume_at"].clone()).ok();
+            }
+            RESUMED => {
+                state.phase = RolloutPhase::Progressing;
+                state.resume_at = None;
+            }
             PROMOTED => {
                 state.phase = RolloutPhase::Promoted;
                 state.candidate_weight = 100;
@@ -399,6 +408,74 @@ impl RolloutRegistry {
         reason: Option<&str>,
         origin: &Origin,
     ) -> Result<(RolloutState, Committed), RolloutError> {
+        self.command_until(id, command, expected_version, reason, None, origin)
+            .await
+    }
+
+    /// A pause that ends by itself at `until` (Argo's pause with a duration); the
+    /// rollout controller's supervisor resumes it through [`Self::resume_due`].
+    pub async fn pause_until(
+        &self,
+        id: &str,
+        until: chrono::DateTime<chrono::Utc>,
+        expected_version: Option<u64>,
+        reason: Option<&str>,
+        origin: &Origin,
+    ) -> Result<(RolloutState, Committed), RolloutError> {
+        self.command_until(
+            id,
+            Command::Pause,
+            expected_version,
+            reason,
+            Some(until),
+            origin,
+        )
+        .await
+    }
+
+    /// Resumes every pause whose duration has run out by `now`; returns their ids.
+    pub async fn resume_due(
+        &self,
+        now: chrono::DateTime<chrono::Utc>,
+        origin: &Origin,
+    ) -> Result<Vec<String>, RolloutError> {
+        let due: Vec<RolloutState> = self
+            .all()
+            .into_iter()
+            .filter(|r| r.phase == RolloutPhase::Paused && r.resume_at.is_some_and(|at| at <= now))
+            .collect();
+        let mut resumed = Vec::new();
+        for r in due {
+            let reason = Some("the pause's duration ran out");
+            match self
+                .command_until(
+                    &r.id,
+                    Command::Resume,
+                    Some(r.version),
+                    reason,
+                    None,
+                    origin,
+                )
+                .await
+            {
+                Ok(_) => resumed.push(r.id),
+                // Someone else moved it first: their command stands.
+                Err(RolloutError::Stale { .. } | RolloutError::InvalidTransition { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(resumed)
+    }
+
+    async fn command_until(
+        &self,
+        id: &str,
+        command: Command,
+        expected_version: Option<u64>,
+        reason: Option<&str>,
+        until: Option<chrono::DateTime<chrono::Utc>>,
+        origin: &Origin,
+    ) -> Result<(RolloutState, Committed), RolloutError> {
         let state = self
             .get(id)
             .ok_or_else(|| RolloutError::NotFound(id.to_owned()))?;
@@ -434,11 +511,13 @@ impl RolloutRegistry {
             }
             (Command::Pause, RolloutPhase::Progressing) => (
                 PAUSED,
-                json!({"reason": reason, "weight": state.candidate_weight, "rollout_event_id": state.started_event_id}),
+                json!({"reason": reason, "weight": state.candidate_weight, "rollout_event_id": state.started_event_id,
+                       "resume_at": until}),
             ),
             (Command::Resume, RolloutPhase::Paused) => (
                 RESUMED,
-                json!({"weight": state.candidate_weight, "rollout_event_id": state.started_event_id}),
+                json!({"weight": state.candidate_weight, "rollout_event_id": state.started_event_id,
+                       "reason": reason}),
             ),
             (Command::Promote, RolloutPhase::Progressing | RolloutPhase::Paused) => (
                 PROMOTED,

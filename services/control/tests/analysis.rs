@@ -164,6 +164,7 @@ fn obs(id: &str, stage: Stage, latency_us: u64, at: DateTime<Utc>) -> RequestObs
         flagged: false,
         rules_flagged: false,
         features: BTreeMap::new(),
+        shadow: false,
         at,
     }
 }

@@ -133,6 +133,7 @@ impl Harness {
                     flagged: rules,
                     rules_flagged: rules,
                     features: features.clone(),
+                    shadow: false,
                     at,
                 };
             c.observe(observation(Stage::Baseline, 100, score, 0.95, false))
@@ -416,4 +417,64 @@ async fn a_controller_restarted_mid_rollout_neither_repeats_nor_skips_a_step() {
     assert_eq!(spans.len(), index as usize);
     assert!(spans.windows(2).all(|w| w[0].1 == w[1].0), "{spans:?}");
     assert_eq!(h.rollout().phase, RolloutPhase::Promoted);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_with_a_duration_ends_by_itself_and_only_then() {
+    let h = harness(vec![10, 50, 100]).await;
+    let op = Origin::from("operator:a");
+    let until = Utc::now() + TimeDelta::minutes(5);
+    let (paused, _) = h
+        .state
+        .rollouts
+        .pause_until(&h.rollout.id, until, None, Some("change freeze"), &op)
+        .await
+        .unwrap();
+    assert_eq!(
+        (paused.phase, paused.resume_at),
+        (RolloutPhase::Paused, Some(until))
+    );
+    let controller = Origin::from("aether:rollout-controller");
+    let early = h
+        .state
+        .rollouts
+        .resume_due(until - TimeDelta::seconds(1), &controller);
+    assert!(early.await.unwrap().is_empty());
+    assert_eq!(h.rollout().phase, RolloutPhase::Paused);
+    let due = h
+        .state
+        .rollouts
+        .resume_due(until, &controller)
+        .await
+        .unwrap();
+    assert_eq!(due, [h.rollout.id.clone()]);
+    let resumed = h.rollout();
+    assert_eq!(
+        (resumed.phase, resumed.resume_at),
+        (RolloutPhase::Progressing, None)
+    );
+    // An indefinite pause is never resumed by the clock.
+    h.state
+        .rollouts
+        .command(
+            &h.rollout.id,
+            aether_control::Command::Pause,
+            None,
+            None,
+            &op,
+        )
+        .await
+        .unwrap();
+    let later = until + TimeDelta::days(30);
+    assert!(
+        h.state
+            .rollouts
+            .resume_due(later, &controller)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // The pause and its end survive a restart.
+    let replayed = ControlState::replay(&h.store).await.unwrap();
+    assert_eq!(replayed.rollouts.get(&h.rollout.id), Some(h.rollout()));
 }

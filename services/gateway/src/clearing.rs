@@ -502,6 +502,7 @@ impl ClearingGateway {
         Some(Observed {
             rollout_id: rollout_id.clone(),
             stage: stage_of(route.stage),
+            shadow: false,
             tx: tx.clone(),
         })
     }

@@ -102,6 +102,8 @@ pub fn in_shadow_sample(request_id: &str, fraction: f64) -> bool {
 pub struct Observed {
     pub rollout_id: String,
     pub stage: Stage,
+    /// A shadow score (not the decision): counts for agreement and drift, not latency.
+    pub shadow: bool,
     pub tx: ObservationSender,
 }
 
@@ -128,6 +130,7 @@ impl Observed {
             flagged: verdict.flagged,
             rules_flagged: verdict.rules_flagged,
             features: verdict.features,
+            shadow: self.shadow,
             at: Utc::now(),
         });
     }
@@ -145,6 +148,7 @@ impl Observed {
             flagged: false,
             rules_flagged: false,
             features: BTreeMap::new(),
+            shadow: self.shadow,
             at: Utc::now(),
         });
     }
@@ -276,6 +280,7 @@ where
                 let latency_us = u64::try_from(q.since.elapsed().as_micros()).unwrap_or(u64::MAX);
                 let shadow = Observed {
                     stage: other(q.job.live.stage),
+                    shadow: true,
                     ..q.job.live
                 };
                 shadow.answered(
@@ -339,6 +344,7 @@ mod tests {
         let (tx, rx) = mpsc::channel(1);
         let observed = Observed {
             rollout_id: "r1".into(),
+            shadow: false,
             stage: Stage::Candidate,
             tx,
         };

@@ -41,6 +41,11 @@ pub struct RequestObservation {
     /// Input features, for drift; may be empty.
     #[serde(default)]
     pub features: BTreeMap<String, f64>,
+    /// A shadow score (the stage did not decide the request): counts as evidence and for
+    /// agreement, confidence and drift, but not for latency or error rate, which only
+    /// live answers measure.
+    #[serde(default)]
+    pub shadow: bool,
     pub at: DateTime<Utc>,
 }
 
@@ -97,6 +102,9 @@ pub struct BatchSample {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct StageSamples {
     pub requests: u64,
+    /// Of `requests`, shadow scores.
+    #[serde(default)]
+    pub shadow: u64,
     pub errors: u64,
     pub latencies_us: Vec<u64>,
     /// Scores of answered (non-error) requests.
@@ -117,9 +125,14 @@ pub struct StageSamples {
 impl StageSamples {
     fn add_request(&mut self, o: RequestObservation) {
         self.requests += 1;
-        self.latencies_us.push(o.latency_us);
+        if o.shadow {
+            self.shadow += 1;
+        } else {
+            self.latencies_us.push(o.latency_us);
+        }
         if o.error {
-            self.errors += 1;
+            // A shadow that failed says nothing of the stage's live error rate.
+            self.errors += u64::from(!o.shadow);
             return;
         }
         self.scores.push(o.score);
@@ -162,7 +175,7 @@ impl StageSamples {
         StageMetrics {
             requests: self.requests,
             errors: self.errors,
-            error_rate: ratio(self.errors, self.requests),
+            error_rate: ratio(self.errors, self.requests - self.shadow),
             latency_p50_us: nearest_rank(&sorted, 500),
             latency_p95_us: nearest_rank(&sorted, 950),
             latency_p99_us: nearest_rank(&sorted, 990),
@@ -525,8 +538,27 @@ mod tests {
             flagged: false,
             rules_flagged: false,
             features: BTreeMap::new(),
+            shadow: false,
             at,
         }
+    }
+
+    #[test]
+    fn shadows_are_evidence_but_not_latency_or_errors() {
+        let mut w = WindowSamples::new(t(0), t(60_000));
+        w.add_request(obs("a", Stage::Candidate, 400_000, t(1)))
+            .unwrap();
+        let mut shadow = obs("b", Stage::Candidate, 10, t(2));
+        shadow.shadow = true;
+        w.add_request(shadow.clone()).unwrap();
+        shadow.request_id = "c".into();
+        shadow.error = true;
+        w.add_request(shadow).unwrap();
+        let m = w.metrics(&WindowSettings::default()).candidate;
+        assert_eq!(m.requests, 3);
+        assert_eq!(m.latency_p50_us, 400_000, "only the live answer's latency");
+        assert_eq!((m.errors, m.error_rate), (0, 0.0));
+        assert_eq!(m.answered, 2);
     }
 
     #[test]

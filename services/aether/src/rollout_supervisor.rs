@@ -1,0 +1,139 @@
+//! Runs a [`RolloutController`] for every automated rollout that is progressing or paused,
+//! fed by the clearing gateway's observations and ticked on wall-clock time; and ends
+//! every pause with a duration (any rollout) when it runs out.
+//!
+//! A controller that fails (the ledger refused a record, a rollout command conflicted) is
+//! dropped and started again from the ledger on a later tick, which carries out whatever
+//! its last recorded check decided; the supervisor itself never stops the service.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use aether_control::rollout_controller::{ObservationSender, RolloutObservation};
+use aether_control::{ControlState, RolloutController};
+use aether_ledger::EventStore;
+use tokio::sync::{mpsc, watch};
+
+/// Observations buffered between the gateway and the supervisor.
+const CHANNEL: usize = 65_536;
+/// How often windows are closed and rollouts looked for.
+const TICK: Duration = Duration::from_millis(250);
+/// How long a rollout whose controller failed to start waits before the next try.
+const RETRY: Duration = Duration::from_secs(5);
+
+/// The gateway's sender and the supervisor's receiver.
+pub fn channel() -> (ObservationSender, mpsc::Receiver<RolloutObservation>) {
+    mpsc::channel(CHANNEL)
+}
+
+pub async fn run(
+    store: EventStore,
+    control: ControlState,
+    mut observations: mpsc::Receiver<RolloutObservation>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut running: HashMap<String, RolloutController> = HashMap::new();
+    // Finished analyses (not restarted) and failed starts (retried after RETRY).
+    let mut finished: HashSet<String> = HashSet::new();
+    let mut failed: HashMap<String, tokio::time::Instant> = HashMap::new();
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.changed() => break,
+            Some(observation) = observations.recv() => feed(&mut running, observation),
+            _ = tick.tick() => {
+                let origin = control.under_snapshot(aether_control::Origin::from("aether:rollout-controller"));
+                if let Err(e) = control.rollouts.resume_due(chrono::Utc::now(), &origin).await {
+                    tracing::error!(error = %e, "cannot resume a timed pause");
+                }
+                adopt(&store, &control, &mut running, &finished, &mut failed).await;
+                let now = chrono::Utc::now();
+                let mut drop = Vec::new();
+                for (id, controller) in running.iter_mut() {
+                    match controller.tick(now).await {
+                        Ok(_) if controller.finished().is_some() => {
+                            tracing::info!(rollout = %id, finished = ?controller.finished(), "rollout analysis finished");
+                            finished.insert(id.clone());
+                            drop.push(id.clone());
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            tracing::error!(rollout = %id, error = %e, "rollout controller failed; restarting it from the ledger");
+                            metrics::counter!("aether_rollout_controller_failures_total").increment(1);
+                            drop.push(id.clone());
+                        }
+                    }
+                }
+                for id in drop {
+                    running.remove(&id);
+                }
+            }
+        }
+    }
+}
+
+/// Starts controllers for automated rollouts that route traffic or are paused, and stops
+/// those whose rollout ended some other way (an operator's promote or abort).
+async fn adopt(
+    store: &EventStore,
+    control: &ControlState,
+    running: &mut HashMap<String, RolloutController>,
+    finished: &HashSet<String>,
+    failed: &mut HashMap<String, tokio::time::Instant>,
+) {
+    let live: Vec<String> = control
+        .rollouts
+        .all()
+        .into_iter()
+        .filter(|r| r.automated && r.phase.routes())
+        .map(|r| r.id)
+        .collect();
+    running.retain(|id, _| live.contains(id));
+    let now = tokio::time::Instant::now();
+    for id in live {
+        if running.contains_key(&id)
+            || finished.contains(&id)
+            || failed.get(&id).is_some_and(|at| now < *at + RETRY)
+        {
+            continue;
+        }
+        match RolloutController::start(store, control, &id).await {
+            Ok(controller) => {
+                failed.remove(&id);
+                if controller.finished().is_none() {
+                    tracing::info!(rollout = %id, "rollout controller started");
+                    running.insert(id, controller);
+                }
+            }
+            Err(e) => {
+                tracing::error!(rollout = %id, error = %e, "cannot start the rollout controller");
+                failed.insert(id, now);
+            }
+        }
+    }
+}
+
+fn feed(running: &mut HashMap<String, RolloutController>, observation: RolloutObservation) {
+    let (id, result) = match observation {
+        RolloutObservation::Request {
+            rollout_id,
+            observation,
+        } => {
+            let result = running.get_mut(&rollout_id).map(|c| c.observe(observation));
+            (rollout_id, result)
+        }
+        RolloutObservation::Batch { rollout_id, report } => {
+            let result = running.get_mut(&rollout_id).map(|c| c.report(report));
+            (rollout_id, result)
+        }
+    };
+    match result {
+        None => metrics::counter!("aether_rollout_observations_unanalysed_total").increment(1),
+        Some(Err(e)) => {
+            tracing::debug!(rollout = %id, error = %e, "observation refused");
+            metrics::counter!("aether_rollout_observations_refused_total").increment(1);
+        }
+        Some(Ok(())) => {}
+    }
+}
