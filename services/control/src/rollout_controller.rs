@@ -7,7 +7,8 @@
 //! inconclusive, drift with a retrain request or a review ticket, controller transition,
 //! weight decided, semantic rollback decided, promotion decided) and a closing
 //! `RolloutChecked` that carries the analyzer's whole state. The actions follow, each
-//! naming the analysis event behind it as `causation_id`. A controller started again reads
+//! naming the analysis event behind it as `causation_id`; a transition to degraded or fused
+//! turns the candidate's fallback path on (`RolloutFallbackSet`), back to normal off. A controller started again reads
 //! that stream back, resumes from the last `RolloutChecked` and first carries out what the
 //! last check decided but the rollout does not show yet, so a crash between the record and
 //! the action neither repeats nor skips a step.
@@ -291,6 +292,19 @@ impl RolloutController {
                 AnalysisOutcome::Promote { .. } => {
                     self.command(Command::Promote, None).await?;
                 }
+                AnalysisOutcome::Transition(t)
+                    if t.to.fallback_path() != self.rollout()?.fallback =>
+                {
+                    self.control
+                        .rollouts
+                        .set_fallback(
+                            &self.rollout_id,
+                            t.to.fallback_path(),
+                            &cause_of(TRANSITIONED),
+                            &self.origin(),
+                        )
+                        .await?;
+                }
                 _ => {}
             }
         }
@@ -418,6 +432,15 @@ impl RolloutController {
                         self.roll_back(target, &reason).await?;
                     }
                 }
+            }
+            None if rollout.phase.routes()
+                && rollout.fallback != state.controller.mode.fallback_path() =>
+            {
+                let on = state.controller.mode.fallback_path();
+                self.control
+                    .rollouts
+                    .set_fallback(&self.rollout_id, on, "", &self.origin())
+                    .await?;
             }
             None if rollout.phase.routes() && rollout.candidate_weight != state.weight => {
                 let reason = "resume: the last check's weight";

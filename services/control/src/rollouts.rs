@@ -30,6 +30,8 @@ pub const PROMOTED: &str = "RolloutPromoted";
 pub const ABORTED: &str = "RolloutAborted";
 /// The rollout controller set the candidate's weight between (or below) the steps.
 pub const WEIGHT_SET: &str = "RolloutWeightSet";
+/// The rollout controller turned the candidate's fallback path on or off.
+pub const FALLBACK_SET: &str = "RolloutFallbackSet";
 
 /// Default traffic steps for the candidate, in percent.
 pub const DEFAULT_STEPS: [u32; 7] = [1, 2, 5, 10, 25, 50, 100];
@@ -92,6 +94,9 @@ pub struct RolloutState {
     pub automated: bool,
     /// A pause with a duration ends here (resumed by [`RolloutRegistry::resume_due`]).
     pub resume_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// A request the candidate fails is decided by the baseline instead (the controller
+    /// is degraded or fused).
+    pub fallback: bool,
 }
 
 /// A command on a running rollout.
@@ -284,6 +289,7 @@ impl RolloutRegistry {
                         analysis: r.analysis,
                         automated: r.automated,
                         resume_at: None,
+                        fallback: false,
                     },
                 );
             }
@@ -301,6 +307,7 @@ impl RolloutRegistry {
                 state.candidate_weight = to;
                 state.step_index = state.steps.iter().rposition(|&s| s <= to);
             }
+            FALLBACK_SET => state.fallback = p["on"].as_bool().unwrap_or(false),
             PAUSED => {
                 state.phase = RolloutPhase::Paused;
                 state.resume_at = serde_json::from_value(p["resume_at"].clone()).ok();
@@ -565,21 +572,48 @@ impl RolloutRegistry {
                 phase: state.phase.name(),
             });
         }
-        let event = NewEvent::new(
-            WEIGHT_SET,
-            json!({"from_weight": state.candidate_weight, "to_weight": to, "reason": reason,
-                   "rollout_event_id": state.started_event_id}),
-        )
-        .with_metadata(origin.metadata(json!({
+        let payload = json!({"from_weight": state.candidate_weight, "to_weight": to,
+                             "reason": reason, "rollout_event_id": state.started_event_id});
+        self.append_caused(&state, WEIGHT_SET, payload, cause, origin)
+            .await
+    }
+
+    /// The rollout controller's fallback path for the candidate (on while it is degraded
+    /// or fused); `cause` is the transition event behind it.
+    pub async fn set_fallback(
+        &self,
+        id: &str,
+        on: bool,
+        cause: &str,
+        origin: &Origin,
+    ) -> Result<(RolloutState, Committed), RolloutError> {
+        let state = self
+            .get(id)
+            .ok_or_else(|| RolloutError::NotFound(id.to_owned()))?;
+        let payload = json!({"on": on, "rollout_event_id": state.started_event_id});
+        self.append_caused(&state, FALLBACK_SET, payload, cause, origin)
+            .await
+    }
+
+    /// One controller event on a rollout at its current version, naming its cause.
+    async fn append_caused(
+        &self,
+        state: &RolloutState,
+        kind: &str,
+        payload: serde_json::Value,
+        cause: &str,
+        origin: &Origin,
+    ) -> Result<(RolloutState, Committed), RolloutError> {
+        let event = NewEvent::new(kind, payload).with_metadata(origin.metadata(json!({
             "correlation_id": state.started_event_id,
             "causation_id": cause,
         })));
         let committed = self
-            .append(id, ExpectedVersion::Exact(state.version), event)
+            .append(&state.id, ExpectedVersion::Exact(state.version), event)
             .await?;
         let state = self
-            .get(id)
-            .ok_or_else(|| RolloutError::NotFound(id.to_owned()))?;
+            .get(&state.id)
+            .ok_or_else(|| RolloutError::NotFound(state.id.clone()))?;
         Ok((state, committed))
     }
 

@@ -290,6 +290,18 @@ async fn a_latency_regression_fuses_the_candidate_to_zero() {
     );
     let table = RoutingTable::of(&h.state.engines, &h.state.rollouts);
     assert_eq!(table.rollouts[&h.rollout.id].candidate_weight, 0);
+    // Fused: the candidate's fallback path is on (the baseline decides what it fails).
+    assert!(h.rollout().fallback);
+    let fallback = h
+        .events(&format!("rollout/{}", h.rollout.id))
+        .await
+        .into_iter()
+        .find(|e| e.event_type == "RolloutFallbackSet")
+        .unwrap();
+    assert_eq!(
+        fallback.metadata_value().unwrap()["causation_id"],
+        transition[0].event_id.to_string()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -447,7 +459,7 @@ async fn a_pause_with_a_duration_ends_by_itself_and_only_then() {
         .resume_due(until, &controller)
         .await
         .unwrap();
-    assert_eq!(due, [h.rollout.id.clone()]);
+    assert_eq!(due, std::slice::from_ref(&h.rollout.id));
     let resumed = h.rollout();
     assert_eq!(
         (resumed.phase, resumed.resume_at),

@@ -215,6 +215,9 @@ struct Route {
     rollout: Option<(String, u32)>,
     /// During a rollout, the other stage's model (the one that shadow-scores).
     shadow_ref: Option<String>,
+    /// For a candidate request while the candidate's fallback path is on: the baseline,
+    /// which decides if the candidate fails.
+    fallback_ref: Option<String>,
 }
 
 impl ClearingGateway {
@@ -348,7 +351,6 @@ impl ClearingGateway {
             }
             e
         };
-        let model = self.model(&route.model_ref).await.map_err(&stage_failed)?;
 
         // Rules against the live context, then the clauses the fired rules cite.
         let (context, velocity) = self.inner.risk.context(&s.member_id, &trade.seller, now);
@@ -362,27 +364,35 @@ impl ClearingGateway {
         let cited = self.cited(&evaluation.cited_clauses());
         let snapshot_id = snapshot_id(&route, &hex::encode(evaluation.rules_digest), &corpora);
 
-        // Score in a batch.
-        let (reply, scored) = oneshot::channel();
+        // Score in a batch; while the candidate's fallback path is on, the baseline
+        // decides a request the candidate fails.
         let context_for_model = TradeContext {
             hour_utc: u8::try_from(now.hour()).unwrap_or(0),
             velocity,
         };
-        self.inner
-            .batcher
-            .submit(Job {
-                model: model.clone(),
-                trade: trade.clone(),
-                context: context_for_model,
-                reply,
-                observed: observed.clone(),
-            })
-            .map_err(|e| ClearError::Overloaded(e.to_string()))?;
-        let scored = scored
+        let (model, scored, fallback) = match self
+            .score(
+                &route.model_ref,
+                &trade,
+                context_for_model,
+                observed.clone(),
+            )
             .await
-            .map_err(|_| ClearError::Worker("the batch was dropped".into()))
-            .and_then(|r| r.map_err(ClearError::Worker))
-            .map_err(&stage_failed)?;
+        {
+            Ok((model, scored)) => (model, scored, None::<(String, Value)>),
+            Err(e) => {
+                let e = stage_failed(e);
+                let Some(baseline) = &route.fallback_ref else {
+                    return Err(e);
+                };
+                let (model, scored) = self
+                    .score(baseline, &trade, context_for_model, None)
+                    .await?;
+                let taken =
+                    json!({"from": route.model_ref, "to": baseline, "reason": e.to_string()});
+                (model, scored, Some((baseline.clone(), taken)))
+            }
+        };
 
         let score = f64::from(scored.score.score);
         let decision = match evaluation.decision {
@@ -420,8 +430,9 @@ impl ClearingGateway {
                 "rule_errors": evaluation.errors,
                 "rules_fired": rules_fired,
                 "cited_clauses": cited,
-                "model_ref": route.model_ref,
+                "model_ref": fallback.as_ref().map_or(&route.model_ref, |(to, _)| to),
                 "model_digest": model.digest,
+                "fallback": fallback.as_ref().map(|(_, taken)| taken),
                 "model_stage": model_stage,
                 "rollout": route.rollout.as_ref().map(|(id, w)| json!({"id": id, "candidate_weight": w})),
                 "region": route.region,
@@ -461,7 +472,8 @@ impl ClearingGateway {
         self.inner
             .risk
             .record(&trade, decision == Decision::Cleared, now);
-        if let Some(o) = observed {
+        // A request the fallback decided was reported as the candidate's failure.
+        if let Some(o) = observed.filter(|_| fallback.is_none()) {
             let rules_flagged = matches!(evaluation.decision, Action::Hold | Action::Deny);
             self.report_decided(
                 o,
@@ -483,7 +495,7 @@ impl ClearingGateway {
             confidence: round6(f64::from(scored.score.confidence)),
             rules_fired,
             cited_clauses: cited,
-            model_ref: route.model_ref,
+            model_ref: fallback.map_or(route.model_ref, |(to, _)| to),
             model_stage,
             receipt: Receipt {
                 seq: committed.seq,
@@ -547,6 +559,33 @@ impl ClearingGateway {
         );
     }
 
+    /// Scores `trade` with `model_ref` in a batch.
+    async fn score(
+        &self,
+        model_ref: &str,
+        trade: &Trade,
+        context: TradeContext,
+        observed: Option<Observed>,
+    ) -> Result<(ModelHandle, crate::batcher::Scored), ClearError> {
+        let model = self.model(model_ref).await?;
+        let (reply, scored) = oneshot::channel();
+        self.inner
+            .batcher
+            .submit(Job {
+                model: model.clone(),
+                trade: trade.clone(),
+                context,
+                reply,
+                observed,
+            })
+            .map_err(|e| ClearError::Overloaded(e.to_string()))?;
+        let scored = scored
+            .await
+            .map_err(|_| ClearError::Worker("the batch was dropped".into()))
+            .and_then(|r| r.map_err(ClearError::Worker))?;
+        Ok((model, scored))
+    }
+
     /// The active engine and, during a rollout, baseline or candidate for this request.
     fn route(&self, request_id: &str, requested_stage: &str) -> Result<Route, ClearError> {
         let active: Vec<_> = self
@@ -596,6 +635,10 @@ impl ClearingGateway {
             }
             None => (engine.model_ref.clone(), "blue", None),
         };
+        let fallback_ref = rollout
+            .as_ref()
+            .filter(|r| r.fallback && stage == "green")
+            .map(|r| r.baseline.clone());
         Ok(Route {
             region: engine.region.clone(),
             model_ref,
@@ -603,6 +646,7 @@ impl ClearingGateway {
             hooks: engine.policy_hooks.clone(),
             rollout: rollout.map(|r| (r.id, r.candidate_weight)),
             shadow_ref,
+            fallback_ref,
         })
     }
 

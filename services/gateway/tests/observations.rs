@@ -328,3 +328,69 @@ async fn the_gateway_reports_rollout_traffic() {
 
     db.drop_database().await;
 }
+
+/// While the candidate's fallback path is on, the baseline decides what the candidate
+/// fails (recorded as such, and reported as the candidate's failure); off, it fails.
+#[tokio::test]
+async fn the_fallback_path_lets_the_baseline_decide_what_the_candidate_fails() {
+    recorder();
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = EventStore::connect(&db.url, StoreConfig::default())
+        .await
+        .unwrap();
+    let control = control(&store, dir.path()).await;
+    // The candidate's artifact is gone: every candidate request fails to score.
+    std::fs::remove_dir_all(dir.path().join("cand")).unwrap();
+    let (gw, mut rx) = gateway(&store, &control, 10_000, true);
+    let rollout = roll_out(&control, 50).await;
+    let results = submit_all(&gw, "off", 20).await;
+    let failed = results.iter().filter(|r| r.is_err()).count();
+    assert!(
+        failed > 0 && failed < 20,
+        "half the traffic is the candidate's: {failed}"
+    );
+
+    let op = Origin::from("aether:rollout-controller");
+    control
+        .rollouts
+        .set_fallback(&rollout, true, "test", &op)
+        .await
+        .unwrap();
+    let answers = submit(&gw, "on", 20).await;
+    assert!(answers.iter().all(|a| a.model_ref == REFERENCE_MODEL_REF));
+    let decided = store
+        .query(
+            &aether_ledger::EventFilter {
+                event_type: Some("ClearingDecided".into()),
+                ..Default::default()
+            },
+            0,
+            1_000,
+        )
+        .await
+        .unwrap();
+    let fallbacks: Vec<serde_json::Value> = decided
+        .iter()
+        .filter_map(|e| {
+            let p = e.payload_value().unwrap();
+            (!p["fallback"].is_null()).then(|| p["fallback"].clone())
+        })
+        .collect();
+    assert!(!fallbacks.is_empty(), "some requests were the candidate's");
+    assert!(fallbacks.iter().all(|f| f["from"] == CANDIDATE_REF
+        && f["to"] == REFERENCE_MODEL_REF
+        && f["reason"].as_str().is_some_and(|r| !r.is_empty())));
+    // Each fallback is the candidate's failure to the analysis, not its answer.
+    let candidate_errors = |got: &[RolloutObservation]| {
+        got.iter()
+            .filter(|o| {
+                matches!(o, RolloutObservation::Request { observation, .. }
+                if observation.stage == Stage::Candidate && observation.error
+                    && observation.request_id.starts_with("on-"))
+            })
+            .count()
+    };
+    let got = drain(&mut rx, |got| candidate_errors(got) >= fallbacks.len()).await;
+    assert_eq!(candidate_errors(&got), fallbacks.len());
+}
