@@ -95,6 +95,12 @@ pub struct DecisionQuery {
     member: Option<String>,
 }
 
+#[utoipa::path(get, path = "/v1/audit/decisions/{request_id}", tag = "audit",
+    description = "The whole why of a clearing decision: the request (personal fields per the redaction policy), model ref, digest and stage, policy versions, rules fired, cited clauses with their text, worker and batch, snapshot, the event, its lineage records and proof. Role: regulator.",
+    params(("request_id" = String, Path, description = "The member's request id"),
+           ("member" = Option<String>, Query, description = "The member, when several used the same request id")),
+    responses((status = 200, description = "The explanation", body = serde_json::Value),
+              (status = 404, description = "No decision of that request id")))]
 pub async fn decision(
     State(state): State<AppState>,
     Extension(origin): Extension<Origin>,

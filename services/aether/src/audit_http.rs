@@ -6,14 +6,14 @@ use std::collections::HashMap;
 
 use aether_ledger::checkpoint::{CHECKPOINT_STREAM, SignedCheckpoint};
 use aether_ledger::{Direction, EventFilter, ExpectedVersion, NewEvent, RecordedEvent};
-use axum::Router;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use aether_control::{ControlState, Origin};
 use axum::Extension;
@@ -26,19 +26,17 @@ pub const ACCESS_STREAM: &str = "access/audit";
 /// Largest page of events one audit query returns.
 const MAX_PAGE: u64 = 1000;
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/audit/events", get(events))
-        .route("/v1/audit/events/{seq}", get(event))
-        .route("/v1/audit/state", get(state_as_of))
-        .route(
-            "/v1/audit/decisions/{request_id}",
-            get(crate::audit_decisions::decision),
-        )
-        .route("/v1/audit/checkpoints", get(checkpoints))
-        .route("/v1/audit/proofs/inclusion", get(inclusion))
-        .route("/v1/audit/proofs/consistency", get(consistency))
-        .route("/v1/audit/exports", axum::routing::post(export))
+/// The audit routes, documented (see [`crate::openapi`]).
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(events))
+        .routes(routes!(event))
+        .routes(routes!(state_as_of))
+        .routes(routes!(crate::audit_decisions::decision))
+        .routes(routes!(checkpoints))
+        .routes(routes!(inclusion))
+        .routes(routes!(consistency))
+        .routes(routes!(export))
 }
 
 /// Most events one export may hold (see BENCHMARKS.md for the time it takes).
@@ -123,6 +121,21 @@ pub(crate) fn regulator(state: &AppState, headers: &HeaderMap) -> Result<Caller,
 }
 
 /// `GET /v1/audit/events`: filtered events, in seq order, with a cursor.
+#[utoipa::path(get, path = "/v1/audit/events", tag = "audit",
+    description = "Filtered events in seq order with a cursor; stable while events are appended. Role: regulator; the query is recorded on `access/audit` first.",
+    params(
+           ("from" = Option<String>, Query, description = "Recorded at or after (RFC 3339)"),
+           ("to" = Option<String>, Query, description = "Recorded before (RFC 3339)"),
+           ("event_type" = Option<String>, Query, description = "Exact event type"),
+           ("stream_prefix" = Option<String>, Query, description = "Stream id prefix, e.g. `engine/`"),
+           ("actor" = Option<String>, Query, description = "metadata.actor"),
+           ("trace_id" = Option<String>, Query, description = "metadata.trace_id"),
+           ("member" = Option<String>, Query, description = "metadata.member"),
+           ("snapshot_id" = Option<String>, Query, description = "metadata.snapshot_id"),
+           ("request_id" = Option<String>, Query, description = "metadata.request_id"),
+           ("cursor" = Option<u64>, Query, description = "Events after this seq (the previous page's next_cursor)"),
+           ("limit" = Option<u64>, Query, description = "Page size, at most 1000 (default 100)")),
+    responses((status = 200, description = "`{events, next_cursor}`", body = serde_json::Value)))]
 async fn events(
     State(state): State<AppState>,
     Extension(origin): Extension<Origin>,
@@ -189,6 +202,11 @@ fn proof_problem(e: aether_ledger::merkle::ProofError) -> Problem {
 
 /// `GET /v1/audit/events/{seq}`: one event with its inclusion proof against the latest
 /// signed checkpoint.
+#[utoipa::path(get, path = "/v1/audit/events/{seq}", tag = "audit",
+    description = "One event with its lineage records, its snapshot, and an inclusion proof against the latest signed checkpoint. Role: regulator.",
+    params(("seq" = u64, Path, description = "Ledger position")),
+    responses((status = 200, description = "The event, lineage, snapshot and proof", body = serde_json::Value),
+              (status = 404, description = "No event at that seq")))]
 async fn event(
     State(state): State<AppState>,
     Extension(origin): Extension<Origin>,
@@ -313,6 +331,10 @@ fn parse_at(p: &HashMap<String, String>) -> Result<At, Problem> {
 /// at that seq, or after the last event recorded by that time, rebuilt from the ledger up to
 /// it, with an inclusion proof of that event. A point past the head is answered at the head,
 /// and the answer says so.
+#[utoipa::path(get, path = "/v1/audit/state", tag = "audit",
+    description = "The control plane and the snapshot in force as they stood at a seq or time, rebuilt from the ledger, with an inclusion proof. Role: regulator.",
+    params(("at" = String, Query, description = "A seq or an RFC 3339 time")),
+    responses((status = 200, description = "`{seq, state, digest, snapshot, proof}`", body = serde_json::Value)))]
 async fn state_as_of(
     State(state): State<AppState>,
     Extension(origin): Extension<Origin>,
@@ -375,6 +397,11 @@ async fn state_as_of(
 }
 
 /// `GET /v1/audit/checkpoints?from_version=1&limit=100`: signed tree heads, oldest first.
+#[utoipa::path(get, path = "/v1/audit/checkpoints", tag = "audit",
+    description = "SM2-signed tree heads, oldest first. Role: regulator.",
+    params(("from_version" = Option<u64>, Query, description = "First checkpoint (default 1)"),
+           ("limit" = Option<u64>, Query, description = "Page size")),
+    responses((status = 200, description = "The checkpoints and the public key", body = serde_json::Value)))]
 async fn checkpoints(
     State(state): State<AppState>,
     Extension(origin): Extension<Origin>,
@@ -408,6 +435,12 @@ async fn checkpoints(
 
 /// `GET /v1/audit/proofs/inclusion?seq=&tree_size=` (tree size defaults to the latest
 /// checkpoint's).
+#[utoipa::path(get, path = "/v1/audit/proofs/inclusion", tag = "audit",
+    description = "RFC 9162 inclusion proof (SM3) of an event in a tree size (default: the latest checkpoint's). Role: regulator.",
+    params(("seq" = u64, Query, description = "The event"),
+           ("tree_size" = Option<u64>, Query, description = "The tree the proof is against")),
+    responses((status = 200, description = "The proof", body = serde_json::Value),
+              (status = 404, description = "No such event or tree size")))]
 async fn inclusion(
     State(state): State<AppState>,
     Extension(origin): Extension<Origin>,
@@ -457,6 +490,11 @@ async fn inclusion(
 }
 
 /// `GET /v1/audit/proofs/consistency?from=&to=`.
+#[utoipa::path(get, path = "/v1/audit/proofs/consistency", tag = "audit",
+    description = "RFC 9162 consistency proof between two tree sizes. Role: regulator.",
+    params(("from" = u64, Query, description = "Older tree size"),
+           ("to" = u64, Query, description = "Newer tree size")),
+    responses((status = 200, description = "The proof", body = serde_json::Value)))]
 async fn consistency(
     State(state): State<AppState>,
     Extension(origin): Extension<Origin>,
@@ -500,6 +538,11 @@ async fn consistency(
 /// (`from`, `to`, `event_type`, `stream_prefix`, `actor`, `trace_id`, `member`,
 /// `snapshot_id`, `request_id`, and `limit` up to 100,000): an evidence bundle of the
 /// matching events covered by the latest signed checkpoint, with their inclusion proofs.
+#[utoipa::path(post, path = "/v1/audit/exports", tag = "audit",
+    description = "An evidence bundle (audit/BUNDLE.md) of the matching events covered by the latest signed checkpoint, with proofs, checkpoints and lineage records; verify it offline with `aether audit verify`. Role: regulator.",
+    request_body(content = serde_json::Value, description = "The filters of `GET /v1/audit/events` as JSON members, and `limit` up to 100000"),
+    responses((status = 200, description = "The bundle", body = serde_json::Value),
+              (status = 409, description = "No signed checkpoint covers the events yet")))]
 async fn export(
     State(state): State<AppState>,
     Extension(origin): Extension<Origin>,

@@ -42,6 +42,7 @@ pub struct AppState {
 pub fn router(state: AppState) -> Router {
     let (documented, doc) = crate::openapi::split(
         crate::openapi::documented()
+            .merge(crate::audit_http::routes())
             .merge(crate::control_http::routes())
             .merge(crate::corpus_http::routes())
             .merge(crate::snapshot_http::routes()),
@@ -70,7 +71,6 @@ pub fn router(state: AppState) -> Router {
             get(aether_ledger_facet_schema),
         )
         .route("/v1/lineage/events/{seq}", get(lineage_record))
-        .merge(crate::audit_http::routes())
         .merge(crate::lineage_api::routes())
         .fallback(not_found)
         .layer(axum::middleware::from_fn(colour))
