@@ -11,7 +11,8 @@
 //! | `PolicyIngested` | `policy.ingest` | COMPLETE |
 //! | `PolicyIngestRejected` | `policy.ingest` | FAIL |
 //! | `CorpusIngested` | `corpus.ingest` | COMPLETE |
-//! | `RolloutStarted`, `RolloutStepped`, `RolloutPaused`, `RolloutPromoted` | `rollout.step` | COMPLETE |
+//! | `RolloutStarted`, `RolloutStepped`, `RolloutPaused`, `RolloutResumed`, `RolloutPromoted`, `RolloutAborted`, `RolloutWeightSet`, `RolloutFallbackSet` | `rollout.step` | COMPLETE |
+//! | the rollout controller's `analysis/{rollout}` events (`RolloutChecked`, `RolloutAssessed`, `DriftAssessed`, `ControllerTransitioned`, …) | `rollout.analysis` | COMPLETE |
 //! | `RolledBack` | `rollout.rollback` | COMPLETE |
 //! | `SnapshotCommitted` | `snapshot.commit` | COMPLETE |
 //! | `SnapshotAborted` | `snapshot.commit` | ABORT |
@@ -45,6 +46,7 @@ pub const POLICY_INGEST: &str = "policy.ingest";
 pub const CORPUS_INGEST: &str = "corpus.ingest";
 pub const ROLLOUT_STEP: &str = "rollout.step";
 pub const ROLLOUT_ROLLBACK: &str = "rollout.rollback";
+pub const ROLLOUT_ANALYSIS: &str = "rollout.analysis";
 pub const SNAPSHOT_COMMIT: &str = "snapshot.commit";
 pub const CLEARING_BATCH: &str = "clearing.batch";
 pub const LEDGER_CHECKPOINT: &str = "ledger.checkpoint";
@@ -84,9 +86,23 @@ impl Change {
             "PolicyIngested" => (POLICY_INGEST, Complete),
             "PolicyIngestRejected" => (POLICY_INGEST, Fail),
             "CorpusIngested" => (CORPUS_INGEST, Complete),
-            "RolloutStarted" | "RolloutStepped" | "RolloutPaused" | "RolloutPromoted" => {
+            "RolloutStarted" | "RolloutStepped" | "RolloutPaused" | "RolloutResumed"
+            | "RolloutPromoted" | "RolloutAborted" | "RolloutWeightSet" | "RolloutFallbackSet" => {
                 (ROLLOUT_STEP, Complete)
             }
+            "RolloutChecked"
+            | "RolloutAssessed"
+            | "AnalysisInconclusive"
+            | "AnalysisPaused"
+            | "DriftAssessed"
+            | "RetrainRequested"
+            | "ReviewTicketOpened"
+            | "ControllerTransitioned"
+            | "WeightDecided"
+            | "SemanticRollbackDecided"
+            | "PromotionDecided"
+            | "DriftReferenceFixed"
+            | "StepSnapshotTaken" => (ROLLOUT_ANALYSIS, Complete),
             "RolledBack" => (ROLLOUT_ROLLBACK, Complete),
             "SnapshotCommitted" => (SNAPSHOT_COMMIT, Complete),
             "SnapshotAborted" => (SNAPSHOT_COMMIT, Abort),

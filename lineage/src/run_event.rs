@@ -275,7 +275,8 @@ fn parent(
     metadata: &Map<String, Value>,
 ) -> Option<ParentRunFacet> {
     let (job, operation) = match event.event_type.as_str() {
-        "RolloutStepped" | "RolloutPaused" | "RolloutPromoted" => (
+        "RolloutStepped" | "RolloutPaused" | "RolloutResumed" | "RolloutPromoted"
+        | "RolloutAborted" | "RolloutWeightSet" | "RolloutFallbackSet" => (
             ROLLOUT_STEP,
             id_at(payload, "rollout_event_id").or_else(|| id_at(metadata, "causation_id"))?,
         ),
@@ -351,7 +352,8 @@ fn datasets(
             let version = first_text(payload, &["corpus_version", "digest"]);
             outputs.extend(name.map(|n| dataset(CORPUS_NAMESPACE, n, version)));
         }
-        "RolloutStarted" | "RolloutStepped" | "RolloutPaused" | "RolloutPromoted" => {
+        "RolloutStarted" | "RolloutStepped" | "RolloutPaused" | "RolloutResumed"
+        | "RolloutPromoted" | "RolloutAborted" | "RolloutWeightSet" | "RolloutFallbackSet" => {
             inputs.extend(model_at(payload, "baseline", &[]));
             inputs.extend(model_at(payload, "candidate", &[]));
         }

@@ -32,6 +32,12 @@ const EXPECTED: &[(&str, &str, &str)] = &[
     ("RolloutStepped", "rollout.step", "COMPLETE"),
     ("RolloutPaused", "rollout.step", "COMPLETE"),
     ("RolloutPromoted", "rollout.step", "COMPLETE"),
+    ("RolloutResumed", "rollout.step", "COMPLETE"),
+    ("RolloutAborted", "rollout.step", "COMPLETE"),
+    ("RolloutWeightSet", "rollout.step", "COMPLETE"),
+    ("RolloutFallbackSet", "rollout.step", "COMPLETE"),
+    ("RolloutChecked", "rollout.analysis", "COMPLETE"),
+    ("ControllerTransitioned", "rollout.analysis", "COMPLETE"),
     ("RolledBack", "rollout.rollback", "COMPLETE"),
     ("SnapshotCommitted", "snapshot.commit", "COMPLETE"),
     ("SnapshotAborted", "snapshot.commit", "ABORT"),
@@ -239,6 +245,43 @@ impl Day {
             json!({ "rollout_event_id": started.event_id, "step": 2, "traffic_weight": 0.05 }),
             json!({ "actor": "role:7f3a19c2" }),
         );
+        let controller =
+            json!({ "actor": "aether:rollout-controller", "snapshot_id": "snap-0006" });
+        let transition = c.append(
+            "analysis/r-2026-11-30",
+            "ControllerTransitioned",
+            json!({ "kind": "transition", "from": "normal", "to": "degraded",
+                    "reason": "risk 0.700 > degrade threshold 0.65" }),
+            controller.clone(),
+        );
+        c.append(
+            "analysis/r-2026-11-30",
+            "RolloutChecked",
+            json!({ "window_start": "2026-11-30T10:00:00Z", "window_end": "2026-11-30T10:01:00Z",
+                    "step": 2, "state": { "weight": 5 } }),
+            controller.clone(),
+        );
+        let mut caused = controller.clone();
+        caused["causation_id"] = json!(transition.event_id);
+        c.append(
+            "rollout/r-2026-11-30",
+            "RolloutFallbackSet",
+            json!({ "on": true, "rollout_event_id": started.event_id }),
+            caused.clone(),
+        );
+        c.append(
+            "rollout/r-2026-11-30",
+            "RolloutWeightSet",
+            json!({ "from_weight": 5, "to_weight": 8, "reason": "increase",
+                    "rollout_event_id": started.event_id }),
+            caused.clone(),
+        );
+        c.append(
+            "rollout/r-2026-11-30",
+            "RolloutResumed",
+            json!({ "weight": 8, "rollout_event_id": started.event_id, "reason": null }),
+            json!({ "actor": "role:7f3a19c2" }),
+        );
         c.append(
             "rollout/r-2026-11-30",
             "RolloutPromoted",
@@ -255,6 +298,13 @@ impl Day {
                 "target_snapshot": "snap-0007",
             }),
             json!({ "actor": "role:7f3a19c2", "snapshot_id": "snap-0007" }),
+        );
+        c.append(
+            "rollout/r-2026-11-30",
+            "RolloutAborted",
+            json!({ "rollout_event_id": started.event_id, "reason": "superseded",
+                    "from_weight": 0, "to_weight": 0 }),
+            json!({ "actor": "role:7f3a19c2" }),
         );
         c.append(
             "engine/hkg-region",
@@ -658,7 +708,11 @@ fn rollout_steps_run_under_their_rollout() {
     for t in [
         "RolloutStepped",
         "RolloutPaused",
+        "RolloutResumed",
+        "RolloutWeightSet",
+        "RolloutFallbackSet",
         "RolloutPromoted",
+        "RolloutAborted",
         "RolledBack",
     ] {
         for event in day.all(t) {
