@@ -161,14 +161,35 @@ async fn scenario(
     ));
 
     let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
+    let outcome = watch(http, operator, regulator, &id, deadline, &yen, say).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in traffic {
+        let _ = task.await;
+    }
+    let how = outcome?;
+    say(&format!(
+        "the candidate was {how} by the controller; {} trades were cleared meanwhile",
+        sent.load(Ordering::Relaxed)
+    ));
+    Ok(())
+}
+
+/// Prints the controller's events as the ledger records them, shifts the traffic to yen
+/// once the candidate has reached 25 %, and returns how the rollout ended.
+async fn watch(
+    http: &str,
+    operator: &str,
+    regulator: &str,
+    id: &str,
+    deadline: Instant,
+    yen: &AtomicBool,
+    say: &dyn Fn(&str),
+) -> anyhow::Result<&'static str> {
     let mut cursor = 0;
     let mut shifted = false;
-    let outcome = loop {
+    loop {
         if Instant::now() > deadline {
-            break Err(anyhow::anyhow!(
-                "the rollout did not end within {} s",
-                args.timeout_secs
-            ));
+            bail!("the rollout did not end in time (--timeout-secs)");
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
         let (status, body) = http_request(
@@ -180,7 +201,7 @@ async fn scenario(
         )
         .await?;
         if status != 200 {
-            break Err(anyhow::anyhow!("the audit API answered {status}: {body}"));
+            bail!("the audit API answered {status}: {body}");
         }
         let page: Value = serde_json::from_str(&body)?;
         let mut ended = None;
@@ -190,6 +211,23 @@ async fn scenario(
                 say(&line);
             }
             match event["event_type"].as_str() {
+                // Too little traffic in a window (a loaded machine): the controller pauses
+                // and never aborts; the demo resumes as an operator would.
+                Some("AnalysisPaused") if event["payload"]["reason"] == "inconclusive" => {
+                    let (status, body) = post_json(
+                        http,
+                        &format!("/v1/rollouts/{id}/resume"),
+                        operator,
+                        &json!({}),
+                    )
+                    .await?;
+                    match status {
+                        200 => say("the operator resumes the rollout"),
+                        // Already moved on (resumed, or ended by the controller).
+                        409 => {}
+                        _ => bail!("cannot resume the rollout: HTTP {status}: {body}"),
+                    }
+                }
                 Some("RolledBack") => ended = Some("rolled back"),
                 Some("RolloutPromoted") => ended = Some("promoted"),
                 Some("RolloutWeightSet")
@@ -203,19 +241,9 @@ async fn scenario(
             }
         }
         if let Some(how) = ended {
-            break Ok(how);
+            return Ok(how);
         }
-    };
-    stop.store(true, Ordering::Relaxed);
-    for task in traffic {
-        let _ = task.await;
     }
-    let how = outcome?;
-    say(&format!(
-        "the candidate was {how} by the controller; {} trades were cleared meanwhile",
-        sent.load(Ordering::Relaxed)
-    ));
-    Ok(())
 }
 
 /// Writes the candidate next to the baseline the setup installed; returns its path and
