@@ -42,6 +42,10 @@ pub struct AppState {
 pub fn router(state: AppState) -> Router {
     let (documented, doc) = crate::openapi::split(
         crate::openapi::documented()
+            .routes(utoipa_axum::routes!(list_events, append_events))
+            .routes(utoipa_axum::routes!(get_event))
+            .routes(utoipa_axum::routes!(redact))
+            .routes(utoipa_axum::routes!(lineage_record))
             .merge(crate::audit_http::routes())
             .merge(crate::control_http::routes())
             .merge(crate::corpus_http::routes())
@@ -63,14 +67,10 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .route("/v1/events", get(list_events).post(append_events))
-        .route("/v1/events/{seq}", get(get_event))
-        .route("/v1/redactions", axum::routing::post(redact))
         .route(
             "/openlineage/facets/aether_ledger/1-0-0.json",
             get(aether_ledger_facet_schema),
         )
-        .route("/v1/lineage/events/{seq}", get(lineage_record))
         .merge(crate::lineage_api::routes())
         .fallback(not_found)
         .layer(axum::middleware::from_fn(colour))
@@ -271,6 +271,12 @@ async fn aether_ledger_facet_schema(headers: HeaderMap) -> Response {
 }
 
 /// `GET /v1/lineage/events/{seq}`: an event's lineage records (OpenLineage run, Delta).
+#[utoipa::path(get, path = "/v1/lineage/events/{seq}", tag = "ledger",
+    description = "An event's lineage records: its OpenLineage run event and the Delta table version holding it. Role: operator or regulator.",
+    params(("seq" = u64, Path, description = "Ledger position")),
+    responses((status = 200, description = "The records", body = serde_json::Value),
+              (status = 404, description = "No lineage record yet (the relays follow the ledger)"),
+              (status = 503, description = "The lineage records cannot be read")))]
 async fn lineage_record(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -348,6 +354,11 @@ pub(crate) fn parse_u64(
 }
 
 /// `GET /v1/events?from_seq=1&limit=100`: a page of the ledger in seq order.
+#[utoipa::path(get, path = "/v1/events", tag = "ledger",
+    description = "A page of the ledger in seq order. Role: operator or regulator.",
+    params(("from_seq" = Option<u64>, Query, description = "First seq (default 1)"),
+           ("limit" = Option<u64>, Query, description = "Page size")),
+    responses((status = 200, description = "`{events, next_from_seq}`", body = serde_json::Value)))]
 async fn list_events(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -376,6 +387,11 @@ async fn list_events(
 }
 
 /// `GET /v1/events/{seq}`: one event.
+#[utoipa::path(get, path = "/v1/events/{seq}", tag = "ledger",
+    description = "One event with its hashes. Role: operator or regulator.",
+    params(("seq" = u64, Path, description = "Ledger position")),
+    responses((status = 200, description = "The event", body = serde_json::Value),
+              (status = 404, description = "No event at that seq")))]
 async fn get_event(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -471,6 +487,12 @@ fn parse_append(body: &[u8]) -> Result<Vec<AppendToStream>, Problem> {
 }
 
 /// `POST /v1/events` (operator): appends and answers once committed.
+#[utoipa::path(post, path = "/v1/events", tag = "ledger",
+    description = "Appends events to one or several streams atomically, with expected versions; answers once committed. Role: operator.",
+    request_body(content = serde_json::Value, description = "`{stream_id, expected_version, events: [{event_type, payload, metadata}]}` or a list of them"),
+    responses((status = 201, description = "`{committed: [{seq, stream_id, stream_version, event_id, hash, recorded_at}]}`", body = serde_json::Value),
+              (status = 409, description = "A stream is not at the expected version; nothing was appended"),
+              (status = 422, description = "An invalid event; nothing was appended")))]
 async fn append_events(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -488,6 +510,12 @@ async fn append_events(
 }
 
 /// `POST /v1/redactions` (operator) `{seq, member, reason}`: erases one personal value.
+#[utoipa::path(post, path = "/v1/redactions", tag = "ledger",
+    description = "Erases one personal value of an event: appends `RedactionApplied`, then deletes the value; the chain still verifies (the event keeps its salted commitment). Role: operator.",
+    request_body(content = serde_json::Value, description = "`{seq, member, reason}`"),
+    responses((status = 201, description = "The `RedactionApplied` event", body = serde_json::Value),
+              (status = 404, description = "No such event or personal member"),
+              (status = 422, description = "Malformed, or no reason")))]
 async fn redact(
     State(state): State<AppState>,
     headers: HeaderMap,
