@@ -15,10 +15,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::auth::Role;
-use aether_control::Origin;
-use axum::Extension;
 
-use crate::http::{AppState, Problem, authorize, origin_of};
+use crate::http::{AppState, Operator, Problem, authorize};
 
 /// The control plane's documented routes (see [`crate::openapi`]).
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -82,12 +80,9 @@ fn rollout_problem(e: RolloutError) -> Problem {
         (status = 422, description = "Unknown model, models of two regions, or bad steps")))]
 async fn start_rollout(
     State(state): State<AppState>,
-    Extension(origin): Extension<Origin>,
-    headers: HeaderMap,
+    Operator(origin): Operator,
     body: Bytes,
 ) -> Result<Response, Problem> {
-    let caller = authorize(&state, &headers, &[Role::Operator])?;
-    let origin = origin_of(&state, &origin, &caller);
     let request: RolloutRequest =
         json_body(&body, "rollout {baseline, candidate, steps, analysis}")?;
     let (rollout, event) = state
@@ -116,8 +111,7 @@ async fn start_rollout(
         (status = 409, description = "Not allowed in the rollout's phase, or a stale expected_version")))]
 async fn rollout_command(
     State(state): State<AppState>,
-    Extension(origin): Extension<Origin>,
-    headers: HeaderMap,
+    Operator(origin): Operator,
     Path((id, command)): Path<(String, String)>,
     body: Bytes,
 ) -> Result<Response, Problem> {
@@ -131,8 +125,6 @@ async fn rollout_command(
     }
     /// A week: longer pauses are indefinite ones (resume by hand).
     const MAX_PAUSE_MS: u64 = 7 * 24 * 3600 * 1000;
-    let caller = authorize(&state, &headers, &[Role::Operator])?;
-    let origin = origin_of(&state, &origin, &caller);
     let command: Command = command.parse().map_err(|e: RolloutError| {
         Problem::new(StatusCode::NOT_FOUND, "Unknown command", e.to_string())
     })?;
@@ -260,12 +252,9 @@ fn model_problem(e: ModelError) -> Problem {
         (status = 422, description = "Bad ref, digest or feature schema, or an unreadable artifact")))]
 async fn register_model(
     State(state): State<AppState>,
-    Extension(origin): Extension<Origin>,
-    headers: HeaderMap,
+    Operator(origin): Operator,
     body: Bytes,
 ) -> Result<Response, Problem> {
-    let caller = authorize(&state, &headers, &[Role::Operator])?;
-    let origin = origin_of(&state, &origin, &caller);
     let spec: ModelSpec = json_body(
         &body,
         "model registration {ref, uri, digest, feature_schema}",
@@ -301,12 +290,9 @@ async fn list_models(
         (status = 422, description = "Unknown model, weight outside (0, 1], or a bad hook")))]
 async fn activate(
     State(state): State<AppState>,
-    Extension(origin): Extension<Origin>,
-    headers: HeaderMap,
+    Operator(origin): Operator,
     body: Bytes,
 ) -> Result<Response, Problem> {
-    let caller = authorize(&state, &headers, &[Role::Operator])?;
-    let origin = origin_of(&state, &origin, &caller);
     let request: ActivationRequest = json_body(
         &body,
         "activation {model_ref, traffic_weight, policy_hooks}",
@@ -411,12 +397,10 @@ fn format_of(headers: &HeaderMap) -> Result<PolicyFormat, Problem> {
         (status = 422, description = "Invalid policy: the problem names the rule, line and column")))]
 async fn ingest(
     State(state): State<AppState>,
-    Extension(origin): Extension<Origin>,
+    Operator(origin): Operator,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, Problem> {
-    let caller = authorize(&state, &headers, &[Role::Operator])?;
-    let origin = origin_of(&state, &origin, &caller);
     let format = format_of(&headers)?;
     let source = std::str::from_utf8(&body)
         .map_err(|e| Problem::bad_request(format!("the policy document is not UTF-8: {e}")))?;

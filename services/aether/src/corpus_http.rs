@@ -1,7 +1,6 @@
 //! The regulatory corpus over HTTP: ingest (operator) and read (operator, regulator).
 
-use aether_control::{CorpusError, CorpusIngest, Origin};
-use axum::Extension;
+use aether_control::{CorpusError, CorpusIngest};
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -12,7 +11,7 @@ use utoipa_axum::routes;
 
 use crate::auth::Role;
 use crate::control_http::json_body;
-use crate::http::{AppState, Problem, authorize, origin_of};
+use crate::http::{AppState, Operator, Problem, authorize};
 
 /// The corpus routes, documented (see [`crate::openapi`]).
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -33,12 +32,9 @@ pub fn routes() -> OpenApiRouter<AppState> {
         (status = 422, description = "Empty or malformed documents")))]
 async fn ingest(
     State(state): State<AppState>,
-    Extension(origin): Extension<Origin>,
-    headers: HeaderMap,
+    Operator(origin): Operator,
     body: Bytes,
 ) -> Result<Response, Problem> {
-    let caller = authorize(&state, &headers, &[Role::Operator])?;
-    let origin = origin_of(&state, &origin, &caller);
     let request: CorpusIngest = json_body(
         &body,
         "corpus ingest {name, documents: [{id, format, text}], replace}",

@@ -110,13 +110,33 @@ async fn colour(mut request: axum::extract::Request, next: axum::middleware::Nex
     response
 }
 
-/// The request's colouring with the authenticated caller as actor and the snapshot in
-/// force, which every event written on the request names.
-pub(crate) fn origin_of(state: &AppState, request_origin: &Origin, caller: &Caller) -> Origin {
-    state.control.under_snapshot(Origin {
-        actor: caller.actor.clone(),
-        ..request_origin.clone()
-    })
+/// An operator's write: the caller authenticated as an operator, and the request's
+/// colouring with that caller as actor and the snapshot in force, which every event
+/// written on the request names. Extracted before the body, so a caller without the role
+/// is refused before anything is read.
+pub(crate) struct Operator(pub Origin);
+
+impl axum::extract::FromRequestParts<AppState> for Operator {
+    type Rejection = Problem;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &AppState,
+    ) -> Result<Self, Problem> {
+        let caller = authorize(state, &parts.headers, &[Role::Operator])?;
+        // Set by the colouring middleware on every request.
+        let coloured = parts.extensions.get::<Origin>().cloned().ok_or_else(|| {
+            Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "Internal error",
+                "the request was not coloured (trace id missing)",
+            )
+        })?;
+        Ok(Operator(state.control.under_snapshot(Origin {
+            actor: caller.actor,
+            ..coloured
+        })))
+    }
 }
 
 /// An RFC 9457 problem.

@@ -3,9 +3,8 @@
 
 use std::time::Duration;
 
+use aether_control::SnapshotError;
 use aether_control::snapshot::DEFAULT_TTL;
-use aether_control::{Origin, SnapshotError};
-use axum::Extension;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -17,7 +16,7 @@ use utoipa_axum::routes;
 
 use crate::auth::Role;
 use crate::control_http::json_body;
-use crate::http::{AppState, Problem, authorize, origin_of};
+use crate::http::{AppState, Operator, Problem, authorize};
 
 /// Longest ttl a caller may ask for: a prepare must not pin versions for long.
 const MAX_TTL_MS: u64 = 300_000;
@@ -48,12 +47,9 @@ struct TakeRequest {
         (status = 503, description = "The ttl passed before every participant pinned; recorded as SnapshotAborted")))]
 async fn take(
     State(state): State<AppState>,
-    Extension(origin): Extension<Origin>,
-    headers: HeaderMap,
+    Operator(origin): Operator,
     body: Bytes,
 ) -> Result<Response, Problem> {
-    let caller = authorize(&state, &headers, &[Role::Operator])?;
-    let origin = origin_of(&state, &origin, &caller);
     let request: TakeRequest = if body.is_empty() {
         TakeRequest::default()
     } else {
@@ -145,12 +141,9 @@ struct RollbackRequest {
         (status = 422, description = "Empty reason")))]
 async fn rollback(
     State(state): State<AppState>,
-    Extension(origin): Extension<Origin>,
-    headers: HeaderMap,
+    Operator(origin): Operator,
     body: Bytes,
 ) -> Result<Response, Problem> {
-    let caller = authorize(&state, &headers, &[Role::Operator])?;
-    let origin = origin_of(&state, &origin, &caller);
     let request: RollbackRequest = json_body(&body, "rollback {snapshot_id, reason}")?;
     if request.reason.trim().is_empty() {
         return Err(Problem::new(
