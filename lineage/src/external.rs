@@ -252,25 +252,29 @@ pub async fn run_events(store: &EventStore, run_id: &str) -> Result<Vec<String>,
 }
 
 /// `GET /api/v1/events/lineage`: stored events (Aether's and external) with an eventTime
-/// after `after`, oldest first, at most `limit`.
+/// after `after`, oldest first, skipping the first `offset`, at most `limit`. Many events
+/// share one time (a group commit records a batch at one instant), so a client pages with
+/// `offset` from one `after`, not with the last time it saw.
 pub async fn events_page(
     store: &EventStore,
     after: Option<DateTime<Utc>>,
+    offset: u32,
     limit: u32,
 ) -> Result<Vec<Value>, StoreError> {
+    let wanted = offset.saturating_add(limit);
     // Aether's event times are the ledger's recorded_at, non-decreasing in seq.
     let from_seq = match after {
         Some(t) => store.seq_at_time(t).await?.map_or(0, |(seq, _)| seq),
         None => 0,
     };
-    let own = own_records(store, from_seq, None, limit).await?;
+    let own = own_records(store, from_seq, None, wanted).await?;
     let external: Vec<String> = either_pool!(store, |pool, time, _postgres| {
         sqlx::query_scalar(
             "SELECT event FROM external_lineage_events \
              WHERE COALESCE(event_time > $1, TRUE) ORDER BY event_time, id LIMIT $2",
         )
         .bind(after.map(time))
-        .bind(i64::from(limit))
+        .bind(i64::from(wanted))
         .fetch_all(pool)
         .await?
     });
@@ -289,7 +293,12 @@ pub async fn events_page(
             .unwrap_or(DateTime::<Utc>::MIN_UTC);
         merged.push((at, source, value));
     }
+    // Stable: within one time, Aether's in seq order, then external ones in id order.
     merged.sort_by_key(|(at, source, _)| (*at, *source));
-    merged.truncate(limit as usize);
-    Ok(merged.into_iter().map(|(_, _, v)| v).collect())
+    Ok(merged
+        .into_iter()
+        .skip(offset as usize)
+        .take(limit as usize)
+        .map(|(_, _, v)| v)
+        .collect())
 }

@@ -31,6 +31,8 @@ const DEFAULT_DEPTH: u64 = 20;
 const MAX_DEPTH: u64 = 1000;
 const DEFAULT_LIMIT: u64 = 100;
 const MAX_LIMIT: u64 = 1000;
+/// Deepest offset of a stored-events page: each page reads `offset + limit` rows.
+const MAX_OFFSET: u64 = 100_000;
 const READERS: &[Role] = &[Role::Operator, Role::Regulator];
 
 /// The graph index of this router's store, made on first use.
@@ -309,18 +311,19 @@ async fn run(
     })
 }
 
-/// `GET /api/v1/events/lineage?limit=100&after=<RFC 3339>`: stored OpenLineage events
-/// (Aether's and external), oldest first.
+/// `GET /api/v1/events/lineage?limit=100&offset=0&after=<RFC 3339>`: stored OpenLineage
+/// events (Aether's and external), oldest first.
 async fn events(
     State(state): State<AppState>,
     headers: HeaderMap,
     query: Params,
 ) -> Result<Response, Problem> {
     authorize(&state, &headers, READERS)?;
-    let params = params(query, &["limit", "after"])?;
+    let params = params(query, &["limit", "offset", "after"])?;
     let limit = bounded(&params, "limit", DEFAULT_LIMIT, MAX_LIMIT)?.max(1) as u32;
+    let offset = bounded(&params, "offset", 0, MAX_OFFSET)? as u32;
     let after = time_param(&params, "after")?;
-    let events = events_page(&state.store, after, limit)
+    let events = events_page(&state.store, after, offset, limit)
         .await
         .map_err(unavailable)?;
     Ok(axum::Json(json!({ "events": events })).into_response())
