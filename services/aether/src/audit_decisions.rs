@@ -7,16 +7,15 @@
 use std::sync::Arc;
 
 use aether_audit::redaction::{Erasure, Presented, RedactionPolicy, present};
-use aether_control::Origin;
 use aether_ledger::personal::{REDACTION_EVENT_TYPE, REDACTION_STREAM};
 use aether_ledger::{EventFilter, RecordedEvent};
 use axum::Extension;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use crate::audit_http::{inclusion_against_latest, proof_note, record_access, regulator};
+use crate::audit_http::{Auditor, inclusion_against_latest, proof_note, record_access};
 use crate::http::{AppState, Problem};
 
 /// Most decisions sharing one request id that are looked at (one per member).
@@ -103,13 +102,11 @@ pub struct DecisionQuery {
               (status = 404, description = "No decision of that request id")))]
 pub async fn decision(
     State(state): State<AppState>,
-    Extension(origin): Extension<Origin>,
+    auditor: Auditor,
     policy: Policy,
-    headers: HeaderMap,
     Path(request_id): Path<String>,
     query: Result<Query<DecisionQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, Problem> {
-    let caller = regulator(&state, &headers)?;
     let Query(query) = query.map_err(|e| Problem::bad_request(e.body_text()))?;
     if request_id.is_empty() || request_id.len() > 256 {
         return Err(Problem::bad_request(
@@ -118,8 +115,7 @@ pub async fn decision(
     }
     record_access(
         &state,
-        &caller,
-        &origin.trace_id,
+        &auditor,
         "decision",
         json!({ "request_id": request_id, "member": query.member }),
     )

@@ -8,7 +8,7 @@ use aether_ledger::checkpoint::{CHECKPOINT_STREAM, SignedCheckpoint};
 use aether_ledger::{Direction, EventFilter, ExpectedVersion, NewEvent, RecordedEvent};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
@@ -16,9 +16,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use aether_control::{ControlState, Origin};
-use axum::Extension;
 
-use crate::auth::{Caller, Role};
+use crate::auth::Role;
 use crate::http::{AppState, Problem, authorize, parse_u64};
 
 /// Stream of access records.
@@ -91,16 +90,49 @@ fn event_filter(p: &HashMap<String, String>) -> Result<EventFilter, Problem> {
     Ok(filter)
 }
 
+/// A regulator's query: the caller authenticated as a regulator and the request's trace id,
+/// which the access record names. Extracted before anything else is read.
+pub(crate) struct Auditor {
+    actor: String,
+    trace_id: String,
+}
+
+impl axum::extract::FromRequestParts<AppState> for Auditor {
+    type Rejection = Problem;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &AppState,
+    ) -> Result<Self, Problem> {
+        let caller = authorize(state, &parts.headers, &[Role::Regulator])?;
+        // Set by the colouring middleware on every request.
+        let trace_id = parts
+            .extensions
+            .get::<Origin>()
+            .map(|o| o.trace_id.clone())
+            .ok_or_else(|| {
+                Problem::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "Internal error",
+                    "the request was not coloured (trace id missing)",
+                )
+            })?;
+        Ok(Auditor {
+            actor: caller.actor,
+            trace_id,
+        })
+    }
+}
+
 /// Records the access in the ledger; the answer waits for that record to commit.
 pub(crate) async fn record_access(
     state: &AppState,
-    caller: &Caller,
-    trace_id: &str,
+    auditor: &Auditor,
     what: &str,
     details: Value,
 ) -> Result<(), Problem> {
     let event = NewEvent::new("AuditQueried", json!({ "query": what, "details": details }))
-        .with_metadata(json!({ "actor": caller.actor, "trace_id": trace_id }));
+        .with_metadata(json!({ "actor": auditor.actor, "trace_id": auditor.trace_id }));
     state
         .store
         .append(ACCESS_STREAM, ExpectedVersion::Any, vec![event])
@@ -114,10 +146,6 @@ pub(crate) async fn record_access(
                 "the access record could not be written to the ledger, so the query was not run",
             )
         })
-}
-
-pub(crate) fn regulator(state: &AppState, headers: &HeaderMap) -> Result<Caller, Problem> {
-    authorize(state, headers, &[Role::Regulator])
 }
 
 /// `GET /v1/audit/events`: filtered events, in seq order, with a cursor.
@@ -138,11 +166,9 @@ pub(crate) fn regulator(state: &AppState, headers: &HeaderMap) -> Result<Caller,
     responses((status = 200, description = "`{events, next_cursor}`", body = serde_json::Value)))]
 async fn events(
     State(state): State<AppState>,
-    Extension(origin): Extension<Origin>,
-    headers: HeaderMap,
+    auditor: Auditor,
     query: Params,
 ) -> Result<Response, Problem> {
-    let caller = regulator(&state, &headers)?;
     let p = params(
         query,
         &[
@@ -167,7 +193,7 @@ async fn events(
             "limit must be between 1 and {MAX_PAGE}, got {limit}"
         )));
     }
-    record_access(&state, &caller, &origin.trace_id, "events", json!(p)).await?;
+    record_access(&state, &auditor, "events", json!(p)).await?;
     let found = state.store.query(&filter, cursor, limit as u32).await?;
     let next = (found.len() as u64 == limit)
         .then(|| found.last().map(|e| e.seq.to_string()))
@@ -209,24 +235,15 @@ fn proof_problem(e: aether_ledger::merkle::ProofError) -> Problem {
               (status = 404, description = "No event at that seq")))]
 async fn event(
     State(state): State<AppState>,
-    Extension(origin): Extension<Origin>,
+    auditor: Auditor,
     policy: crate::audit_decisions::Policy,
-    headers: HeaderMap,
     Path(seq): Path<String>,
 ) -> Result<Response, Problem> {
-    let caller = regulator(&state, &headers)?;
     let seq: u64 =
         seq.parse().ok().filter(|s| *s >= 1).ok_or_else(|| {
             Problem::bad_request(format!("seq must be an integer ≥ 1, got {seq:?}"))
         })?;
-    record_access(
-        &state,
-        &caller,
-        &origin.trace_id,
-        "event",
-        json!({ "seq": seq }),
-    )
-    .await?;
+    record_access(&state, &auditor, "event", json!({ "seq": seq })).await?;
     let event: RecordedEvent = state
         .store
         .read_all(seq, 1)
@@ -337,14 +354,12 @@ fn parse_at(p: &HashMap<String, String>) -> Result<At, Problem> {
     responses((status = 200, description = "`{seq, state, digest, snapshot, proof}`", body = serde_json::Value)))]
 async fn state_as_of(
     State(state): State<AppState>,
-    Extension(origin): Extension<Origin>,
-    headers: HeaderMap,
+    auditor: Auditor,
     query: Params,
 ) -> Result<Response, Problem> {
-    let caller = regulator(&state, &headers)?;
     let p = params(query, &["at"])?;
     let at = parse_at(&p)?;
-    record_access(&state, &caller, &origin.trace_id, "state", json!(p)).await?;
+    record_access(&state, &auditor, "state", json!(p)).await?;
     let head = state.store.head().await?.map_or(0, |(seq, _)| seq);
     let wanted = match at {
         At::Seq(seq) => seq,
@@ -404,11 +419,9 @@ async fn state_as_of(
     responses((status = 200, description = "The checkpoints and the public key", body = serde_json::Value)))]
 async fn checkpoints(
     State(state): State<AppState>,
-    Extension(origin): Extension<Origin>,
-    headers: HeaderMap,
+    auditor: Auditor,
     query: Params,
 ) -> Result<Response, Problem> {
-    let caller = regulator(&state, &headers)?;
     let p = params(query, &["from_version", "limit"])?;
     let from = parse_u64(&p, "from_version", 1)?.max(1);
     let limit = parse_u64(&p, "limit", 100)?;
@@ -417,7 +430,7 @@ async fn checkpoints(
             "limit must be between 1 and {MAX_PAGE}, got {limit}"
         )));
     }
-    record_access(&state, &caller, &origin.trace_id, "checkpoints", json!(p)).await?;
+    record_access(&state, &auditor, "checkpoints", json!(p)).await?;
     let events = state
         .store
         .read_stream(CHECKPOINT_STREAM, from, Direction::Forward, limit as u32)
@@ -443,11 +456,9 @@ async fn checkpoints(
               (status = 404, description = "No such event or tree size")))]
 async fn inclusion(
     State(state): State<AppState>,
-    Extension(origin): Extension<Origin>,
-    headers: HeaderMap,
+    auditor: Auditor,
     query: Params,
 ) -> Result<Response, Problem> {
-    let caller = regulator(&state, &headers)?;
     let p = params(query, &["seq", "tree_size"])?;
     let seq = p
         .get("seq")
@@ -466,14 +477,7 @@ async fn inclusion(
                 )
             })?,
     };
-    record_access(
-        &state,
-        &caller,
-        &origin.trace_id,
-        "inclusion_proof",
-        json!(p),
-    )
-    .await?;
+    record_access(&state, &auditor, "inclusion_proof", json!(p)).await?;
     let hashes = state
         .merkle
         .inclusion_proof(seq, tree_size)
@@ -497,11 +501,9 @@ async fn inclusion(
     responses((status = 200, description = "The proof", body = serde_json::Value)))]
 async fn consistency(
     State(state): State<AppState>,
-    Extension(origin): Extension<Origin>,
-    headers: HeaderMap,
+    auditor: Auditor,
     query: Params,
 ) -> Result<Response, Problem> {
-    let caller = regulator(&state, &headers)?;
     let p = params(query, &["from", "to"])?;
     for required in ["from", "to"] {
         if !p.contains_key(required) {
@@ -512,14 +514,7 @@ async fn consistency(
     }
     let from = parse_u64(&p, "from", 0)?;
     let to = parse_u64(&p, "to", 0)?;
-    record_access(
-        &state,
-        &caller,
-        &origin.trace_id,
-        "consistency_proof",
-        json!(p),
-    )
-    .await?;
+    record_access(&state, &auditor, "consistency_proof", json!(p)).await?;
     let hashes = state
         .merkle
         .consistency_proof(from, to)
@@ -545,11 +540,9 @@ async fn consistency(
               (status = 409, description = "No signed checkpoint covers the events yet")))]
 async fn export(
     State(state): State<AppState>,
-    Extension(origin): Extension<Origin>,
-    headers: HeaderMap,
+    auditor: Auditor,
     body: axum::body::Bytes,
 ) -> Result<Response, Problem> {
-    let caller = regulator(&state, &headers)?;
     let filters: serde_json::Map<String, Value> = if body.is_empty() {
         serde_json::Map::new()
     } else {
@@ -604,14 +597,7 @@ async fn export(
             "no signed checkpoint exists yet, so nothing can be proven; retry after the first one",
         ));
     };
-    record_access(
-        &state,
-        &caller,
-        &origin.trace_id,
-        "export",
-        Value::Object(filters.clone()),
-    )
-    .await?;
+    record_access(&state, &auditor, "export", Value::Object(filters.clone())).await?;
     let mut events = Vec::new();
     let mut after = 0;
     while (events.len() as u64) < limit {
