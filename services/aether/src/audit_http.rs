@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use aether_control::{ControlState, Origin};
+use aether_control::ControlState;
 
 use crate::auth::Role;
 use crate::http::{AppState, Problem, authorize, parse_u64};
@@ -105,21 +105,9 @@ impl axum::extract::FromRequestParts<AppState> for Auditor {
         state: &AppState,
     ) -> Result<Self, Problem> {
         let caller = authorize(state, &parts.headers, &[Role::Regulator])?;
-        // Set by the colouring middleware on every request.
-        let trace_id = parts
-            .extensions
-            .get::<Origin>()
-            .map(|o| o.trace_id.clone())
-            .ok_or_else(|| {
-                Problem::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "Internal error",
-                    "the request was not coloured (trace id missing)",
-                )
-            })?;
         Ok(Auditor {
             actor: caller.actor,
-            trace_id,
+            trace_id: crate::http::coloured(parts)?.trace_id.clone(),
         })
     }
 }

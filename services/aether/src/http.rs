@@ -124,19 +124,22 @@ impl axum::extract::FromRequestParts<AppState> for Operator {
         state: &AppState,
     ) -> Result<Self, Problem> {
         let caller = authorize(state, &parts.headers, &[Role::Operator])?;
-        // Set by the colouring middleware on every request.
-        let coloured = parts.extensions.get::<Origin>().cloned().ok_or_else(|| {
-            Problem::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "Internal error",
-                "the request was not coloured (trace id missing)",
-            )
-        })?;
         Ok(Operator(state.control.under_snapshot(Origin {
             actor: caller.actor,
-            ..coloured
+            ..coloured(parts)?.clone()
         })))
     }
+}
+
+/// The request's colouring, which the middleware sets on every request.
+pub(crate) fn coloured(parts: &axum::http::request::Parts) -> Result<&Origin, Problem> {
+    parts.extensions.get::<Origin>().ok_or_else(|| {
+        Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "Internal error",
+            "the request was not coloured (trace id missing)",
+        )
+    })
 }
 
 /// An RFC 9457 problem.
