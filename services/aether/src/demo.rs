@@ -148,6 +148,11 @@ async fn scenario(
             // feature such as the members' one-minute velocity is still ramping up and
             // every window's features differ from the first one's.
             "drift": {"ks_alpha": 0.0},
+            // The reference model scores anomalies, not the reporting threshold the rules
+            // enforce, so both models "clear" every large trade the rules hold; at a
+            // release build's traffic nearly every window has one. The demo judges the
+            // candidate on the other golden metrics.
+            "sla": {"max_compliance_miss_rate": 1.0},
         },
     });
     let (status, body) = post_json(http, "/v1/rollouts", operator, &rollout).await?;
