@@ -9,7 +9,7 @@ use aether_control::snapshot::{
     GatewayParticipant, RagParticipant, RulesParticipant, SNAPSHOT_ABORTED,
 };
 use aether_control::{
-    ControlState, CorpusIngest, Origin, ParticipantError, Pinned, SNAPSHOT_COMMITTED,
+    ControlState, CorpusIngest, CorpusRecord, Origin, ParticipantError, Pinned, SNAPSHOT_COMMITTED,
     SNAPSHOT_STREAM, SnapshotError, SnapshotParticipant,
 };
 use aether_ledger::{Direction, EventStore, StoreConfig};
@@ -33,6 +33,17 @@ fn corpus(text: &str) -> CorpusIngest {
         }],
         replace: true,
     }
+}
+
+/// Ingests policy `name` and makes `text` the corpus's one document; the new corpus version.
+async fn change_rules_and_corpus(state: &ControlState, name: &str, text: &str) -> CorpusRecord {
+    let origin = operator();
+    state
+        .policies
+        .ingest(&policy(name), PolicyFormat::Yaml, &origin)
+        .await
+        .unwrap();
+    state.corpora.ingest(corpus(text), &origin).await.unwrap().0
 }
 
 /// A participant that refuses, or answers only after `delay`.
@@ -121,17 +132,12 @@ async fn snapshot_events(store: &EventStore) -> Vec<(String, serde_json::Value)>
 async fn commit_abort_timeout_and_rollback() {
     let s = setup().await;
     let origin = operator();
-    s.state
-        .policies
-        .ingest(&policy("aml_v2"), PolicyFormat::Yaml, &origin)
-        .await
-        .unwrap();
-    let (v1, _) = s
-        .state
-        .corpora
-        .ingest(corpus("# Reporting\n\nReport trades above 1m.\n"), &origin)
-        .await
-        .unwrap();
+    let v1 = change_rules_and_corpus(
+        &s.state,
+        "aml_v2",
+        "# Reporting\n\nReport trades above 1m.\n",
+    )
+    .await;
     let rules_v1 = s.state.policies.engine().snapshot().digest_hex();
 
     // Commit: one event with every participant's pin and the three digests.
@@ -197,17 +203,12 @@ async fn commit_abort_timeout_and_rollback() {
     assert_eq!(s.state.snapshots.snapshots().len(), 1);
 
     // Change rules and corpus, snapshot again, then roll back to the first snapshot.
-    s.state
-        .policies
-        .ingest(&policy("basel3_delta"), PolicyFormat::Yaml, &origin)
-        .await
-        .unwrap();
-    let (v2, _) = s
-        .state
-        .corpora
-        .ingest(corpus("# Reporting\n\nReport trades above 2m.\n"), &origin)
-        .await
-        .unwrap();
+    let v2 = change_rules_and_corpus(
+        &s.state,
+        "basel3_delta",
+        "# Reporting\n\nReport trades above 2m.\n",
+    )
+    .await;
     assert_ne!(v1.version, v2.version);
     let rules_v2 = s.state.policies.engine().snapshot().digest_hex();
     assert_ne!(rules_v1, rules_v2);
@@ -325,16 +326,12 @@ async fn rollback_restores_rules_corpus_and_routing() {
     let s = setup().await;
     let origin = operator();
     two_models(&s.state, s._dir.path()).await;
-    s.state
-        .policies
-        .ingest(&policy("aml_v2"), PolicyFormat::Yaml, &origin)
-        .await
-        .unwrap();
-    s.state
-        .corpora
-        .ingest(corpus("# Reporting\n\nReport trades above 1m.\n"), &origin)
-        .await
-        .unwrap();
+    change_rules_and_corpus(
+        &s.state,
+        "aml_v2",
+        "# Reporting\n\nReport trades above 1m.\n",
+    )
+    .await;
     let (_, task) = s
         .state
         .engines
@@ -376,16 +373,12 @@ async fn rollback_restores_rules_corpus_and_routing() {
     let corpus_at_snapshot = s.state.corpora.current_versions();
 
     // Change all three parts: the rule set, the corpus, and (below) the routing.
-    s.state
-        .policies
-        .ingest(&policy("basel3_delta"), PolicyFormat::Yaml, &origin)
-        .await
-        .unwrap();
-    s.state
-        .corpora
-        .ingest(corpus("# Reporting\n\nReport trades above 3m.\n"), &origin)
-        .await
-        .unwrap();
+    change_rules_and_corpus(
+        &s.state,
+        "basel3_delta",
+        "# Reporting\n\nReport trades above 3m.\n",
+    )
+    .await;
     assert_ne!(s.state.corpora.current_versions(), corpus_at_snapshot);
 
     // Widen, then promote: the region now routes everything to the candidate.
