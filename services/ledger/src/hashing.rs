@@ -24,8 +24,9 @@ pub fn sm3(data: &[u8]) -> Hash {
 }
 
 /// RFC 8785 (JCS) text of a JSON value.
+/// Kept fallible for callers: no `serde_json::Value` fails today.
 pub fn canonical_json(value: &serde_json::Value) -> Result<String, LedgerError> {
-    serde_jcs::to_string(value).map_err(|e| LedgerError::Canonicalization(e.to_string()))
+    Ok(crate::jcs::to_string(value))
 }
 
 /// The fields an event hash covers, borrowed from wherever they live.

@@ -11,6 +11,7 @@ pub mod checkpointer;
 pub mod error;
 pub mod event;
 pub mod hashing;
+mod jcs;
 pub mod merkle;
 pub mod merkle_log;
 pub mod personal;

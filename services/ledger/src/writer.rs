@@ -2,12 +2,15 @@
 //! appends into one transaction (bounded by `max_batch` events and `max_wait`), computes
 //! the chain for it, and answers each caller only after the commit.
 //!
-//! Batches are pipelined one deep: while batch N is in the database, the writer gathers
-//! and plans batch N+1 on the chain N will leave. N+1 reaches the database only after N
-//! has committed; if N fails, N+1 is planned again on fresh state. So at most one batch is
-//! ever uncommitted, and a caller never hears "committed" for a batch that was not.
+//! Batches are pipelined: while batch N is in the database, the writer gathers and plans
+//! batch N+1 on the chain N will leave. Where the database allows
+//! (`StoreConfig::pipeline_depth`, PostgreSQL), N+1 is inserted on a second connection at once,
+//! but its transaction commits only after N's has; if N fails, N+1 rolls back and is
+//! planned again on fresh state with everything after it. So batches commit in seq order,
+//! the chain never has a gap, and a caller never hears "committed" for a batch that was
+//! not.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot, watch};
@@ -15,8 +18,8 @@ use tokio::task::JoinHandle;
 
 use crate::error::LedgerError;
 use crate::event::ledger_now;
-use crate::store::Db;
 use crate::store::plan::{Head, Plan, RequestOutcome, StreamAppend, plan_batch, streams_of};
+use crate::store::{Db, InsertError};
 
 pub(crate) enum WriterMsg {
     Append {
@@ -64,7 +67,8 @@ struct Gatherer {
     rx: mpsc::Receiver<WriterMsg>,
     max_batch: usize,
     max_wait: Duration,
-    carry: Option<Pending>,
+    /// Appends taken from the channel (or handed back) but not yet batched, oldest first.
+    queue: VecDeque<Pending>,
     stopping: Option<oneshot::Sender<()>>,
     closed: bool,
 }
@@ -77,7 +81,7 @@ impl Gatherer {
     /// The next batch. Waits for a first append only if `block`; then takes whatever else
     /// is ready, waiting up to `max_wait` for more when appenders are `concurrent`.
     async fn next(&mut self, block: bool, concurrent: bool) -> Vec<Pending> {
-        let first = match self.carry.take() {
+        let first = match self.queue.pop_front() {
             Some(p) => p,
             None if self.done() => return Vec::new(),
             None => {
@@ -104,7 +108,19 @@ impl Gatherer {
             Duration::ZERO
         };
         let deadline = Instant::now() + wait;
-        while size < self.max_batch && !self.done() {
+        while size < self.max_batch {
+            if let Some(p) = self.queue.pop_front() {
+                if size + p.events() > self.max_batch {
+                    self.queue.push_front(p);
+                    break;
+                }
+                size += p.events();
+                batch.push(p);
+                continue;
+            }
+            if self.done() {
+                break;
+            }
             let msg = match self.rx.try_recv() {
                 Ok(m) => Some(m),
                 Err(mpsc::error::TryRecvError::Disconnected) => None,
@@ -118,13 +134,33 @@ impl Gatherer {
             };
             let Some(p) = self.accept(msg) else { break };
             if size + p.events() > self.max_batch {
-                self.carry = Some(p);
+                self.queue.push_back(p);
                 break;
             }
             size += p.events();
             batch.push(p);
         }
         batch
+    }
+
+    /// Waits until an append (or a shutdown) is at hand and keeps it for [`Self::next`].
+    /// Cancel-safe: dropped while waiting, it has taken nothing from the channel.
+    async fn wait_first(&mut self) {
+        if !self.queue.is_empty() || self.done() {
+            return;
+        }
+        let msg = self.rx.recv().await;
+        let accepted = self.accept(msg);
+        self.queue.extend(accepted);
+    }
+
+    /// Hands back batches that must be planned again, ahead of everything newer.
+    fn requeue(&mut self, batches: impl DoubleEndedIterator<Item = Vec<Pending>>) {
+        for batch in batches.rev() {
+            for p in batch.into_iter().rev() {
+                self.queue.push_front(p);
+            }
+        }
     }
 
     /// An append to batch; records a shutdown request or a closed channel.
@@ -156,7 +192,34 @@ struct InFlight {
     batch: Vec<Pending>,
     outcomes: Vec<RequestOutcome>,
     started: Instant,
-    insert: JoinHandle<Result<(), sqlx::Error>>,
+    insert: JoinHandle<Result<(), InsertError>>,
+    /// The insert's result, once seen while waiting for the next batch.
+    landed: Option<Result<(), InsertError>>,
+}
+
+impl InFlight {
+    async fn result(
+        self,
+    ) -> (
+        Vec<Pending>,
+        Vec<RequestOutcome>,
+        Instant,
+        Result<(), InsertError>,
+    ) {
+        let result = match self.landed {
+            Some(r) => r,
+            None => joined(self.insert.await),
+        };
+        (self.batch, self.outcomes, self.started, result)
+    }
+}
+
+fn joined(r: Result<Result<(), InsertError>, tokio::task::JoinError>) -> Result<(), InsertError> {
+    r.unwrap_or_else(|e| {
+        Err(InsertError::Sql(sqlx::Error::Protocol(format!(
+            "ledger insert task failed: {e}"
+        ))))
+    })
 }
 
 pub(crate) async fn run(
@@ -165,23 +228,42 @@ pub(crate) async fn run(
     committed: watch::Sender<u64>,
     max_batch: usize,
     max_wait: Duration,
+    depth: usize,
 ) {
     let mut gatherer = Gatherer {
         rx,
         max_batch,
         max_wait,
-        carry: None,
+        queue: VecDeque::new(),
         stopping: None,
         closed: false,
     };
     let mut cache = ChainCache::default();
-    let mut inflight: Option<InFlight> = None;
+    let mut inflight: VecDeque<InFlight> = VecDeque::new();
+    // The newest in-flight batch's commit, which the next batch commits after.
+    let mut last_commit: Option<oneshot::Receiver<bool>> = None;
     // A lone appender is never made to wait for company: the wait applies only once the
     // previous batch showed concurrent appenders.
     let mut concurrent = false;
     loop {
-        let batch = gatherer.next(inflight.is_none(), concurrent).await;
-        if batch.is_empty() && inflight.is_none() {
+        // While a batch is in the database, the next one is gathered as soon as its first
+        // append arrives, so that it is planned before the database is free again.
+        let batch = match inflight.front_mut() {
+            None => gatherer.next(true, concurrent).await,
+            Some(f) if f.landed.is_some() => gatherer.next(false, concurrent).await,
+            Some(f) if gatherer.done() && gatherer.queue.is_empty() => {
+                f.landed = Some(joined((&mut f.insert).await));
+                Vec::new()
+            }
+            Some(f) => {
+                tokio::select! {
+                    r = &mut f.insert => f.landed = Some(joined(r)),
+                    () = gatherer.wait_first() => {}
+                }
+                gatherer.next(false, concurrent).await
+            }
+        };
+        if batch.is_empty() && inflight.is_empty() {
             if gatherer.done() {
                 break;
             }
@@ -190,22 +272,46 @@ pub(crate) async fn run(
         if !batch.is_empty() {
             concurrent = batch.len() > 1;
         }
-        // Plan on the chain the in-flight batch will leave, while it is in the database.
+        // Plan on the chain the in-flight batches will leave, while they are in the database.
         let requests: Vec<&[StreamAppend]> = batch.iter().map(|p| p.appends.as_slice()).collect();
-        let mut planned = if batch.is_empty() || cache.head.is_none() {
+        let planned = if batch.is_empty() || cache.head.is_none() {
             None
         } else {
-            Some(prepare(&db, &mut cache, &requests, inflight.is_none()).await)
+            Some(prepare(&db, &mut cache, &requests, inflight.is_empty()).await)
         };
-        if let Some(f) = inflight.take() {
-            let landed = finish(&db, &mut cache, f, &committed).await;
-            if !landed {
-                planned = None;
+        drop(requests);
+        // Answer the batches that have landed, oldest first; then, with a batch to send,
+        // wait for the oldest while the pipeline is full or until nothing is in flight
+        // when the plan needs a settled chain (none could be made, or expected versions
+        // must be checked in the database).
+        let mut rolled_back: Option<Vec<Vec<Pending>>> = None;
+        loop {
+            let optimistic = matches!(&planned, Some(Ok(p)) if p.conflicts.is_empty());
+            let Some(oldest) = inflight.front() else {
+                break;
+            };
+            let landed = oldest.landed.is_some() || oldest.insert.is_finished();
+            let wait = !batch.is_empty() && (inflight.len() >= depth || !optimistic);
+            if !landed && !wait {
+                break;
             }
+            let Some(oldest) = inflight.pop_front() else {
+                break;
+            };
+            if let Err(batches) = finish(&db, &mut cache, oldest, &mut inflight, &committed).await {
+                rolled_back = Some(batches);
+            }
+        }
+        if let Some(batches) = rolled_back {
+            // The batches that rolled back behind a failed one, then this one, go back
+            // ahead of anything newer, to be planned on fresh state.
+            gatherer.requeue(batches.into_iter().chain(std::iter::once(batch)));
+            continue;
         }
         if batch.is_empty() {
             continue;
         }
+        let requests: Vec<&[StreamAppend]> = batch.iter().map(|p| p.appends.as_slice()).collect();
         let plan = match planned {
             Some(Ok(plan)) if plan.conflicts.is_empty() => Ok(plan),
             // No optimistic plan, a failed read, or expected-version conflicts that need a
@@ -221,11 +327,20 @@ pub(crate) async fn run(
                     answer(batch, outcomes, &committed);
                 } else {
                     let db = db.clone();
-                    inflight = Some(InFlight {
+                    let (done, commit) = oneshot::channel();
+                    // Only a batch still in flight is waited for: one already answered
+                    // has committed, or everything after it was planned again.
+                    let after = last_commit.replace(commit).filter(|_| !inflight.is_empty());
+                    inflight.push_back(InFlight {
                         batch,
                         outcomes,
                         started: Instant::now(),
-                        insert: tokio::spawn(async move { db.insert_rows(&rows).await }),
+                        insert: tokio::spawn(async move {
+                            let result = db.insert_rows_after(&rows, after).await;
+                            let _ = done.send(result.is_ok());
+                            result
+                        }),
+                        landed: None,
                     });
                 }
             }
@@ -243,60 +358,70 @@ pub(crate) async fn run(
     // Anything still queued after a shutdown request is refused, never half-done.
     let mut rx = gatherer.rx;
     rx.close();
-    while let Ok(msg) = rx.try_recv() {
-        if let WriterMsg::Append { reply, .. } = msg {
-            let _ = reply.send(Err(LedgerError::WriterClosed));
-        }
+    let queued = gatherer.queue.into_iter().map(|p| p.reply);
+    let received = std::iter::from_fn(|| rx.try_recv().ok()).filter_map(|msg| match msg {
+        WriterMsg::Append { reply, .. } => Some(reply),
+        WriterMsg::Shutdown { .. } => None,
+    });
+    for reply in queued.chain(received) {
+        let _ = reply.send(Err(LedgerError::WriterClosed));
     }
     if let Some(ack) = gatherer.stopping {
         let _ = ack.send(());
     }
 }
 
-/// Waits for an in-flight batch and answers its callers. On a uniqueness conflict (another
-/// writer moved the chain, or a caller reused an event id) each request is retried alone
-/// on fresh state, so only an offender fails. Returns whether the batch landed as planned.
+/// Waits for the oldest in-flight batch and answers its callers. If it did not commit,
+/// the batches behind it roll back (they commit only after it) and are returned, oldest
+/// first, to be planned again. On a uniqueness conflict (another writer moved the chain,
+/// or a caller reused an event id) each request of the failed batch is retried alone on
+/// fresh state, so only an offender fails.
 async fn finish(
     db: &Db,
     cache: &mut ChainCache,
     f: InFlight,
+    later: &mut VecDeque<InFlight>,
     committed: &watch::Sender<u64>,
-) -> bool {
-    let result = match f.insert.await {
-        Ok(r) => r,
-        Err(e) => Err(sqlx::Error::Protocol(format!(
-            "ledger insert task failed: {e}"
-        ))),
-    };
-    metrics::histogram!("aether_ledger_commit_seconds").record(f.started.elapsed().as_secs_f64());
-    metrics::histogram!("aether_ledger_batch_requests").record(f.batch.len() as f64);
-    match result {
-        Ok(()) => {
-            answer(f.batch, f.outcomes, committed);
-            true
+) -> Result<(), Vec<Vec<Pending>>> {
+    let (batch, outcomes, started, result) = f.result().await;
+    metrics::histogram!("aether_ledger_commit_seconds").record(started.elapsed().as_secs_f64());
+    metrics::histogram!("aether_ledger_batch_requests").record(batch.len() as f64);
+    if result.is_ok() {
+        answer(batch, outcomes, committed);
+        return Ok(());
+    }
+    cache.invalidate();
+    let mut rolled_back = Vec::new();
+    for f in later.drain(..) {
+        let (batch, _, _, result) = f.result().await;
+        if !matches!(result, Err(InsertError::PredecessorFailed)) {
+            tracing::error!("ledger batch behind a failed one did not roll back as expected");
         }
-        Err(e) if is_unique_violation(&e) => {
-            cache.invalidate();
-            for p in f.batch {
+        rolled_back.push(batch);
+    }
+    match result {
+        Ok(()) => {}
+        Err(InsertError::Sql(e)) if is_unique_violation(&e) => {
+            for p in batch {
                 let outcome = write_alone(db, cache, &p.appends).await;
                 answer(vec![p], vec![outcome], committed);
             }
-            false
         }
         Err(e) => {
             // The commit's fate is unknown to us: forget the chain state and reread it.
-            cache.invalidate();
-            tracing::error!(error = %e, requests = f.batch.len(), "ledger batch commit failed");
-            let message = e.to_string();
-            let outcomes = f
-                .batch
+            let message = match e {
+                InsertError::Sql(e) => e.to_string(),
+                InsertError::PredecessorFailed => "an earlier batch did not commit".into(),
+            };
+            tracing::error!(error = %message, requests = batch.len(), "ledger batch commit failed");
+            let outcomes = batch
                 .iter()
                 .map(|_| Err(LedgerError::CommitFailed(message.clone())))
                 .collect();
-            answer(f.batch, outcomes, committed);
-            false
+            answer(batch, outcomes, committed);
         }
     }
+    Err(rolled_back)
 }
 
 /// What the writer knows of the chain: the head and recent stream versions, including

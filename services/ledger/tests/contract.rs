@@ -105,6 +105,7 @@ contract!(
     bad_input_is_refused_precisely_and_writes_nothing,
     concurrent_appenders_leave_a_gapless_verifiable_ledger,
     concurrent_appends_are_group_committed,
+    a_failed_batch_does_not_fail_the_batches_behind_it,
     the_database_refuses_updates_and_deletes,
     tampering_is_found_at_the_altered_seq,
     checkpoints_are_signed_and_verified,
@@ -659,6 +660,90 @@ where
     let report = verify_store(&s, None, |_| {}).await.unwrap();
     assert!(report.is_ok(), "{:?}", report.failure);
     assert_eq!(report.events_checked, 800);
+    h.finish().await;
+}
+
+async fn a_failed_batch_does_not_fail_the_batches_behind_it<F, Fut>(open: F)
+where
+    F: Fn(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = Harness>,
+{
+    // Small batches keep the pipeline busy; every fifth append reuses an event id already
+    // in the ledger, which only the database's unique index catches, so its batch fails
+    // while (at depth 2) the next one may already be inserted behind it.
+    for pipeline_depth in [1, 2] {
+        one_failing_batch_in_the_pipeline(
+            open(StoreConfig {
+                max_batch: 4,
+                pipeline_depth,
+                ..StoreConfig::default()
+            })
+            .await,
+        )
+        .await;
+    }
+}
+
+async fn one_failing_batch_in_the_pipeline(h: Harness) {
+    let taken = uuid::Uuid::now_v7();
+    h.store
+        .append(
+            "seed",
+            ExpectedVersion::Any,
+            vec![ev("E", 0).with_event_id(taken)],
+        )
+        .await
+        .unwrap();
+    let tasks: Vec<_> = (0..16u64)
+        .map(|t| {
+            let s = h.store.clone();
+            tokio::spawn(async move {
+                let mut acked = Vec::new();
+                let mut refused = 0;
+                for i in 0..20u64 {
+                    let mut e = ev("E", t * 100 + i);
+                    if (t + i) % 5 == 0 {
+                        e = e.with_event_id(taken);
+                    }
+                    match s
+                        .append(&format!("s/{}", t % 4), ExpectedVersion::Any, vec![e])
+                        .await
+                    {
+                        Ok(c) => acked.extend(c),
+                        Err(LedgerError::DuplicateEventId { event_id }) if event_id == taken => {
+                            refused += 1
+                        }
+                        Err(other) => panic!("append {t}/{i}: {other}"),
+                    }
+                }
+                (acked, refused)
+            })
+        })
+        .collect();
+    let mut acked = Vec::new();
+    let mut refused = 0;
+    for t in tasks {
+        let (a, r) = t.await.unwrap();
+        acked.extend(a);
+        refused += r;
+    }
+    assert_eq!(refused, 16 * 20 / 5, "exactly the reused ids are refused");
+    assert_eq!(acked.len(), 16 * 20 - refused);
+    let all = h.store.read_all(1, 10_000).await.unwrap();
+    assert_eq!(all.len(), acked.len() + 1);
+    assert!(
+        all.iter().enumerate().all(|(i, e)| e.seq == i as u64 + 1),
+        "gapless seqs"
+    );
+    let stored: HashMap<uuid::Uuid, u64> = all.iter().map(|e| (e.event_id, e.seq)).collect();
+    assert!(
+        acked
+            .iter()
+            .all(|c| stored.get(&c.event_id) == Some(&c.seq)),
+        "acked appends present"
+    );
+    let report = verify_store(&h.store, None, |_| {}).await.unwrap();
+    assert!(report.is_ok(), "{:?}", report.failure);
     h.finish().await;
 }
 

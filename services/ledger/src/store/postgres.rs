@@ -1,12 +1,15 @@
-//! PostgreSQL backend: production. One writer at a time per database, serialised by an
-//! advisory lock so that several Aether processes may share one ledger.
+//! PostgreSQL backend: production. Several Aether processes may share one ledger: the
+//! primary key on `seq` and the unique `(stream_id, stream_version)` refuse a batch planned
+//! on a stale chain, and its writer plans it again.
 
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 use sqlx::Row;
 use sqlx::postgres::{PgPool, PgRow};
+use tokio::sync::oneshot;
 
+use super::InsertError;
 use super::plan::{EventRow, Head};
 use super::{Cursor, Direction, EventFilter, decode_event, seq_param};
 use crate::error::LedgerError;
@@ -70,21 +73,75 @@ pub(crate) async fn insert_rows(pool: &PgPool, rows: &[EventRow]) -> Result<(), 
     }
     // Events with personal members: their side rows commit with them.
     let mut tx = pool.begin().await?;
-    insert(&mut tx, rows).await?;
-    for row in rows {
-        for f in &row.personal {
-            sqlx::query(
-                "INSERT INTO personal_data (event_id, member, value, salt) VALUES ($1, $2, $3, $4)",
-            )
-            .bind(row.event_id)
-            .bind(&f.member)
-            .bind(&f.value)
-            .bind(f.salt.as_slice())
-            .execute(&mut *tx)
-            .await?;
-        }
+    if let Err(e) = insert_with_personal(&mut tx, rows).await {
+        let _ = tx.rollback().await;
+        return Err(e);
     }
     tx.commit().await
+}
+
+/// A batch's rows and their personal side rows, inside the caller's transaction.
+async fn insert_with_personal(
+    tx: &mut sqlx::PgConnection,
+    rows: &[EventRow],
+) -> Result<(), sqlx::Error> {
+    insert(tx, rows).await?;
+    insert_personal(tx, rows).await
+}
+
+/// Inserts a batch while the one before it may still be in the database, on another
+/// connection: the rows go in at once, but the transaction commits only when `after` says
+/// that batch committed, and rolls back otherwise. So batches commit in seq order and a
+/// batch planned on a chain that did not land never commits (no gap, no fork).
+pub(crate) async fn insert_rows_after(
+    pool: &PgPool,
+    rows: &[EventRow],
+    after: oneshot::Receiver<bool>,
+) -> Result<(), InsertError> {
+    let mut tx = pool.begin().await?;
+    if let Err(e) = insert_with_personal(&mut tx, rows).await {
+        // Rolled back now, not when the connection is next used: until then its rows
+        // would hold the seqs that the writer is about to insert again.
+        let _ = tx.rollback().await;
+        return Err(e.into());
+    }
+    if after.await != Ok(true) {
+        // Dropping the transaction would roll back too; saying so frees the rows now.
+        let _ = tx.rollback().await;
+        return Err(InsertError::PredecessorFailed);
+    }
+    Ok(tx.commit().await?)
+}
+
+/// The side rows of a batch's personal members, in one statement.
+async fn insert_personal(
+    tx: &mut sqlx::PgConnection,
+    rows: &[EventRow],
+) -> Result<(), sqlx::Error> {
+    let fields = rows
+        .iter()
+        .flat_map(|r| r.personal.iter().map(move |f| (r.event_id, f)));
+    let (mut event_id, mut member, mut value, mut salt) = (vec![], vec![], vec![], vec![]);
+    for (id, f) in fields {
+        event_id.push(id);
+        member.push(f.member.as_str());
+        value.push(f.value.as_str());
+        salt.push(f.salt.as_slice());
+    }
+    if event_id.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "INSERT INTO personal_data (event_id, member, value, salt) \
+         SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::bytea[])",
+    )
+    .bind(&event_id)
+    .bind(&member)
+    .bind(&value)
+    .bind(&salt)
+    .execute(tx)
+    .await?;
+    Ok(())
 }
 
 pub(crate) async fn personal_fields(
