@@ -120,9 +120,13 @@ mod tests {
 
     #[test]
     fn the_rfc_8785_examples() {
-        // RFC 8785 §3.2.2 (numbers) and §3.2.3 (sorting), with our own inputs.
-        let v = json!({"numbers": [333333333.33333329, 1E30, 4.50, 2e-3, 0.000000000000000000000000001],
-                       "literals": [null, true, false], "string": "\u{20ac}$\u{000F}\u{000a}A'\u{0042}\u{0022}\u{005c}\\\"/"});
+        // The input of RFC 8785 §3.2.2, as text, so that its numbers are parsed as written.
+        let v: Value = serde_json::from_str(
+            r#"{"numbers": [333333333.33333329, 1E30, 4.50, 2e-3, 0.000000000000000000000000001],
+                "string": "\u20ac$\u000F\u000aA'\u0042\u0022\u005c\\\"\/",
+                "literals": [null, true, false]}"#,
+        )
+        .unwrap();
         assert_eq!(
             to_string(&v),
             r#"{"literals":[null,true,false],"numbers":[333333333.3333333,1e+30,4.5,0.002,1e-27],"string":"€$\u000f\nA'B\"\\\\\"/"}"#
