@@ -14,9 +14,7 @@ use aether_control::rollout_controller::ObservationSender;
 use aether_control::{ControlState, EngineStatus, Origin, RolloutPhase};
 use aether_gpu_worker::{ClearingModel, DeviceChoice, Trade, TradeContext};
 use aether_ledger::hashing::{canonical_json, sm3};
-use aether_ledger::{
-    EventFilter, EventStore, ExpectedVersion, LedgerError, NewEvent, RecordedEvent,
-};
+use aether_ledger::{EventStore, ExpectedVersion, NewEvent, RecordedEvent};
 use aether_rules::Action;
 use chrono::{NaiveDate, Timelike, Utc};
 use serde::Serialize;
@@ -24,6 +22,7 @@ use serde_json::{Value, json};
 use tokio::sync::{OnceCell, oneshot};
 
 use crate::batcher::{Batcher, BatcherConfig, Job, ModelHandle};
+use crate::lookups::RecordedLookups;
 use crate::observations::{
     Observed, ShadowJob, ShadowQueue, ShadowSettings, Verdict, feature_map, in_shadow_sample,
     stage_of,
@@ -177,6 +176,7 @@ struct Inner {
     models: Mutex<HashMap<String, Arc<ClearingModel>>>,
     in_flight: Mutex<HashMap<(String, String), InFlight>>,
     recent: Mutex<RecentAnswers>,
+    lookups: RecordedLookups,
 }
 
 /// The clearing gateway's core; cheap to clone.
@@ -244,6 +244,7 @@ impl ClearingGateway {
             });
             Inner {
                 risk: RiskBook::new(config.risk.clone()),
+                lookups: RecordedLookups::start(store.clone()),
                 store,
                 control,
                 config,
@@ -305,37 +306,14 @@ impl ClearingGateway {
     /// restart; otherwise decide.
     async fn decide_once(&self, submission: Submission) -> Result<Answer, ClearError> {
         if let Some(answer) = self
+            .inner
+            .lookups
             .recorded(&submission.member_id, &submission.request_id)
-            .await
-            .map_err(|e| ClearError::Ledger(e.to_string()))?
+            .await?
         {
             return Ok(replayed(answer));
         }
         self.decide(submission).await
-    }
-
-    /// The recorded decision of `(member, request_id)`, if any.
-    pub async fn recorded(
-        &self,
-        member: &str,
-        request_id: &str,
-    ) -> Result<Option<Answer>, LedgerError> {
-        // Only the request id and member: a stream prefix or event type would let the
-        // planner combine an index over every decision (seen: a bitmap AND with the
-        // event-type index, growing with the ledger); the request-id index alone finds the
-        // few candidates, and type and stream are checked below.
-        let filter = EventFilter {
-            metadata: vec![
-                ("request_id".into(), request_id.into()),
-                ("member".into(), member.into()),
-            ],
-            ..EventFilter::default()
-        };
-        let found = self.inner.store.query(&filter, 0, 16).await?;
-        Ok(found
-            .into_iter()
-            .find(|e| e.event_type == CLEARING_DECIDED && e.stream_id == clearing_stream(member))
-            .and_then(|e| answer_of(&e)))
     }
 
     async fn decide(&self, s: Submission) -> Result<Answer, ClearError> {
@@ -358,7 +336,7 @@ impl ClearingGateway {
         let rule_set = rules.snapshot();
         let hooks: Vec<&str> = route.hooks.iter().map(String::as_str).collect();
         let evaluation = rule_set
-            .evaluate(&rules_request(&s, &trade), &context, &hooks)
+            .evaluate_members(&rules_request(&s, &trade), &context, &hooks)
             .map_err(|e| ClearError::NoEngine(format!("the engine's policies cannot run: {e}")))?;
         let corpora = self.inner.control.corpora.current_versions();
         let cited = self.cited(&evaluation.cited_clauses());
@@ -834,8 +812,8 @@ fn personal_members(t: &Trade) -> serde_json::Map<String, Value> {
 }
 
 /// The rules' `request`: the trade in the documented shape (see `aether_rules::sample_request`).
-fn rules_request(s: &Submission, t: &Trade) -> Value {
-    json!({
+fn rules_request(s: &Submission, t: &Trade) -> serde_json::Map<String, Value> {
+    let Value::Object(members) = json!({
         "request_id": s.request_id,
         "member": s.member_id,
         "buyer": t.buyer,
@@ -847,7 +825,10 @@ fn rules_request(s: &Submission, t: &Trade) -> Value {
         "value_date": t.value_date.to_string(),
         "jurisdiction": t.jurisdiction,
         "counterparty_tier": t.counterparty_tier,
-    })
+    }) else {
+        return serde_json::Map::new();
+    };
+    members
 }
 
 /// The answer a recorded `ClearingDecided` event gave.

@@ -10,6 +10,7 @@ pub mod clearing;
 pub mod client;
 pub mod envelope;
 pub mod identity;
+mod lookups;
 pub mod observations;
 pub mod pb;
 pub mod risk_book;

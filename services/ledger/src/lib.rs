@@ -29,8 +29,8 @@ pub use event::{Committed, ExpectedVersion, NewEvent, RecordedEvent};
 pub use hashing::Hash;
 pub use merkle_log::MerkleLog;
 pub use store::{
-    AppendToStream, Direction, EventFilter, EventStore, FILTERABLE_METADATA, StoreConfig,
-    redact_url,
+    AppendToStream, Direction, EventFilter, EventStore, FILTERABLE_METADATA, MAX_LOOKUP_VALUES,
+    StoreConfig, redact_url,
 };
 pub use subscription::Subscription;
 pub use verify::{ChainVerifier, Problem, VerifyFailure, VerifyReport, verify_store};

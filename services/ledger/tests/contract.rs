@@ -115,6 +115,7 @@ contract!(
     merkle_log_follows_the_ledger_and_proves_inclusion,
     personal_data_is_committed_and_redactable_without_breaking_the_chain,
     reads_as_of_a_seq_or_a_time,
+    lookup_by_metadata_values_finds_every_match_in_one_query,
 );
 
 async fn appended_events_read_back_chained<F, Fut>(open: F)
@@ -1442,5 +1443,80 @@ where
         s.seq_at_time(future).await.unwrap().map(|(q, _)| q),
         Some(8)
     );
+    h.finish().await;
+}
+
+async fn lookup_by_metadata_values_finds_every_match_in_one_query<F, Fut>(open: F)
+where
+    F: Fn(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = Harness>,
+{
+    let h = open(StoreConfig::default()).await;
+    let s = &h.store;
+    let decided = |request_id: &str, member: &str| {
+        NewEvent::new("ClearingDecided", json!({"r": request_id}))
+            .with_metadata(json!({"request_id": request_id, "member": member}))
+    };
+    for (stream, event) in [
+        ("clearing/m1", decided("r-1", "m1")),
+        ("clearing/m2", decided("r-1", "m2")),
+        ("clearing/m1", decided("r-2", "m1")),
+        ("clearing/m1", decided("r-3", "m1")),
+        (
+            "netting",
+            NewEvent::new("NettingComputed", json!({})).with_metadata(json!({"request_id": "r-2"})),
+        ),
+        (
+            "other",
+            NewEvent::new("ClearingDecided", json!({})).with_metadata(json!({"actor": "x"})),
+        ),
+    ] {
+        s.append(stream, ExpectedVersion::Any, vec![event])
+            .await
+            .unwrap();
+    }
+    let seqs = |events: Vec<aether_ledger::RecordedEvent>| {
+        events.iter().map(|e| e.seq).collect::<Vec<_>>()
+    };
+    let ids = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    let found = s
+        .find_by_metadata(
+            "request_id",
+            &ids(&["r-2", "r-1", "r-9"]),
+            "ClearingDecided",
+        )
+        .await
+        .unwrap();
+    // Both members' r-1, the decision r-2 but not the netting event naming it, in seq order.
+    assert_eq!(seqs(found), vec![1, 2, 3]);
+    let none = s
+        .find_by_metadata("request_id", &ids(&["r-9"]), "ClearingDecided")
+        .await
+        .unwrap();
+    assert!(none.is_empty());
+    assert!(
+        s.find_by_metadata("request_id", &[], "ClearingDecided")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // A value that looks like SQL is a value.
+    let quoted = s
+        .find_by_metadata("request_id", &ids(&["r-1' OR '1'='1"]), "ClearingDecided")
+        .await
+        .unwrap();
+    assert!(quoted.is_empty());
+
+    let err = s
+        .find_by_metadata("password", &ids(&["x"]), "ClearingDecided")
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("cannot be looked up"), "{err}");
+    let too_many = vec!["x".to_owned(); aether_ledger::MAX_LOOKUP_VALUES + 1];
+    let err = s
+        .find_by_metadata("request_id", &too_many, "ClearingDecided")
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("at most"), "{err}");
     h.finish().await;
 }

@@ -16,6 +16,7 @@
 pub mod compile;
 pub mod engine;
 pub mod error;
+pub mod lazy;
 pub mod policy;
 pub mod rule_set;
 pub mod sample;
@@ -26,6 +27,7 @@ pub use compile::{
 };
 pub use engine::RuleEngine;
 pub use error::{EvaluationError, PolicyError, Position, RuleSetError};
+pub use lazy::Members;
 pub use policy::{Action, PolicyDocument, PolicyFormat, RuleSpec, Severity};
 pub use rule_set::{Evaluation, FiredRule, RuleError, RuleSet};
 pub use sample::{sample_context, sample_request};

@@ -6,10 +6,11 @@ use std::sync::Arc;
 use aether_ledger::hashing::{Hash, hex_hash, sm3};
 use serde::{Deserialize, Serialize};
 
-use crate::compile::{CompiledPolicy, cel_context, hex};
+use crate::compile::{CompiledPolicy, hex};
 use crate::error::{EvaluationError, RuleSetError};
+use crate::lazy::{Bindings, Members};
 use crate::policy::{Action, Severity};
-use crate::value::{MAX_INPUT_DEPTH, json_type_name, to_cel};
+use crate::value::{MAX_INPUT_DEPTH, json_type_name};
 
 /// The policies in force, by name: at most one version of each. Immutable; a change
 /// makes a new set (see [`crate::RuleEngine`]).
@@ -173,6 +174,20 @@ impl RuleSet {
         context: &serde_json::Value,
         hooks: &[&str],
     ) -> Result<Evaluation, EvaluationError> {
+        let request = object("request", request)?;
+        let context = object("context", context)?;
+        self.evaluate_members(request, context, hooks)
+    }
+
+    /// [`Self::evaluate`] with `request` and `context` given member by member: a member is
+    /// produced and converted only if a rule reads it (see [`crate::lazy`]). A member that
+    /// cannot be converted fails the rules that read it (counted as `hold`).
+    pub fn evaluate_members(
+        &self,
+        request: &dyn Members,
+        context: &dyn Members,
+        hooks: &[&str],
+    ) -> Result<Evaluation, EvaluationError> {
         let mut policies = Vec::with_capacity(hooks.len());
         for (i, hook) in hooks.iter().enumerate() {
             if hooks[..i].contains(hook) {
@@ -189,56 +204,41 @@ impl RuleSet {
                 })?;
             policies.push(policy);
         }
-        let request = bind("request", request)?;
-        let context = bind("context", context)?;
+        let bindings = Bindings::new(request, context);
+        let ctx = bindings.cel_context();
 
         let mut fired = Vec::new();
         let mut errors = Vec::new();
         let mut decision = Action::Allow;
-        match cel_context(request, context) {
-            Ok(ctx) => {
-                for policy in policies {
-                    for rule in policy.rules() {
-                        let spec = rule.spec();
-                        match rule.run(&ctx) {
-                            Ok(false) => {}
-                            Ok(true) => {
-                                decision = decision.max(spec.action);
-                                fired.push(FiredRule {
-                                    policy: policy.name().to_string(),
-                                    policy_version: policy.version().to_string(),
-                                    rule_id: spec.id.clone(),
-                                    action: spec.action,
-                                    severity: spec.severity,
-                                    cites: spec.cites.clone(),
-                                });
-                            }
-                            Err(fault) => {
-                                decision = decision.max(Action::Hold);
-                                errors.push(RuleError {
-                                    policy: policy.name().to_string(),
-                                    policy_version: policy.version().to_string(),
-                                    rule_id: spec.id.clone(),
-                                    action: spec.action,
-                                    message: fault.to_string(),
-                                });
-                            }
-                        }
+        for policy in policies {
+            for rule in policy.rules() {
+                let spec = rule.spec();
+                match rule.run(&ctx) {
+                    Ok(false) => {}
+                    Ok(true) => {
+                        decision = decision.max(spec.action);
+                        fired.push(FiredRule {
+                            policy: policy.name().to_string(),
+                            policy_version: policy.version().to_string(),
+                            rule_id: spec.id.clone(),
+                            action: spec.action,
+                            severity: spec.severity,
+                            cites: spec.cites.clone(),
+                        });
                     }
-                }
-            }
-            // Not expected (the values are plain data), but fail safe all the same:
-            // every rule of every hooked policy is reported as not evaluated.
-            Err(message) => {
-                for policy in policies {
-                    for rule in policy.rules() {
+                    Err(fault) => {
                         decision = decision.max(Action::Hold);
+                        // A variable that could not be bound reads as "undeclared" to
+                        // CEL; say what really happened.
+                        let message = bindings
+                            .failure()
+                            .map_or_else(|| fault.to_string(), str::to_owned);
                         errors.push(RuleError {
                             policy: policy.name().to_string(),
                             policy_version: policy.version().to_string(),
-                            rule_id: rule.id().to_string(),
-                            action: rule.spec().action,
-                            message: message.clone(),
+                            rule_id: spec.id.clone(),
+                            action: spec.action,
+                            message,
                         });
                     }
                 }
@@ -264,15 +264,34 @@ impl RuleSet {
     }
 }
 
-fn bind(variable: &'static str, value: &serde_json::Value) -> Result<cel::Value, EvaluationError> {
-    if !value.is_object() {
+/// `value` as an object no deeper than [`MAX_INPUT_DEPTH`], or why not.
+fn object<'v>(
+    variable: &'static str,
+    value: &'v serde_json::Value,
+) -> Result<&'v serde_json::Map<String, serde_json::Value>, EvaluationError> {
+    let Some(members) = value.as_object() else {
         return Err(EvaluationError::NotAnObject {
             variable,
             found: json_type_name(value),
         });
+    };
+    if !within_depth(value, 0) {
+        return Err(EvaluationError::InputTooDeep {
+            variable,
+            max: MAX_INPUT_DEPTH,
+        });
     }
-    to_cel(value).ok_or(EvaluationError::InputTooDeep {
-        variable,
-        max: MAX_INPUT_DEPTH,
-    })
+    Ok(members)
+}
+
+/// Whether `value` nests no deeper than [`MAX_INPUT_DEPTH`] (as [`crate::value`] counts).
+fn within_depth(value: &serde_json::Value, depth: usize) -> bool {
+    if depth > MAX_INPUT_DEPTH {
+        return false;
+    }
+    match value {
+        serde_json::Value::Array(items) => items.iter().all(|v| within_depth(v, depth + 1)),
+        serde_json::Value::Object(members) => members.values().all(|v| within_depth(v, depth + 1)),
+        _ => true,
+    }
 }

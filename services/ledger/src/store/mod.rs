@@ -43,6 +43,9 @@ use plan::StreamAppend;
 
 pub use filter::{EventFilter, FILTERABLE_METADATA};
 
+/// Most values one [`EventStore::find_by_metadata`] takes.
+pub const MAX_LOOKUP_VALUES: usize = 1_000;
+
 /// Tuning of the store and its group-commit writer.
 #[derive(Clone, Debug)]
 pub struct StoreConfig {
@@ -446,6 +449,42 @@ impl EventStore {
                 sqlite::read_stream(p, stream_id, from_version, direction, limit).await
             }
         }
+    }
+
+    /// Events of `event_type` whose metadata member `key` is one of `values`, in seq order:
+    /// e.g. the decisions recorded for a batch of request ids. One indexed query however
+    /// many values (at most [`MAX_LOOKUP_VALUES`]), planned once per connection; `key` must
+    /// be one of [`FILTERABLE_METADATA`].
+    pub async fn find_by_metadata(
+        &self,
+        key: &str,
+        values: &[String],
+        event_type: &str,
+    ) -> Result<Vec<RecordedEvent>, LedgerError> {
+        let Some(key) = FILTERABLE_METADATA.iter().find(|k| **k == key) else {
+            return Err(LedgerError::InvalidFilter(format!(
+                "metadata member {key:?} cannot be looked up; use one of {}",
+                FILTERABLE_METADATA.join(", ")
+            )));
+        };
+        if values.len() > MAX_LOOKUP_VALUES {
+            return Err(LedgerError::InvalidFilter(format!(
+                "{} values in one lookup; at most {MAX_LOOKUP_VALUES}",
+                values.len()
+            )));
+        }
+        if values.is_empty() {
+            return Ok(Vec::new());
+        }
+        // The type is checked here, not in SQL: with it there, PostgreSQL ANDs in the
+        // event-type index, whose matches grow with the ledger (seen: 1.7 ms instead of
+        // 0.1 ms at 22k events), while the metadata index alone finds a few rows.
+        let mut found = match &self.inner.db {
+            Db::Postgres(p) => postgres::find_by_metadata(p, key, values).await?,
+            Db::Sqlite(p) => sqlite::find_by_metadata(p, key, values).await?,
+        };
+        found.retain(|e| e.event_type == event_type);
+        Ok(found)
     }
 
     /// Up to `limit` events matching `filter` with seq > `after_seq`, in seq order.

@@ -436,6 +436,27 @@ pub(crate) async fn query(
         .collect()
 }
 
+/// Events whose metadata `key` is one of `values`. `key` is one of the
+/// fixed filterable names, spliced as a literal so that its expression index applies; the
+/// statement is prepared once per connection (every plan is the same index probe).
+pub(crate) async fn find_by_metadata(
+    pool: &PgPool,
+    key: &str,
+    values: &[String],
+) -> Result<Vec<RecordedEvent>, LedgerError> {
+    let sql = format!(
+        select_events!("WHERE (metadata::jsonb ->> '{}') = ANY($1) ORDER BY seq"),
+        key
+    );
+    sqlx::query(&sql)
+        .bind(values)
+        .fetch_all(pool)
+        .await?
+        .iter()
+        .map(event)
+        .collect()
+}
+
 /// The newest event recorded at or before `at`: its seq and time. A backward scan of the
 /// `recorded_at` index that stops after the newest time's events (one commit batch, sorted
 /// incrementally), whatever the ledger's size and whatever plan is cached.

@@ -306,6 +306,31 @@ pub(crate) async fn save_position(
     Ok(())
 }
 
+/// Events whose metadata `key` is one of `values` (passed as one JSON
+/// array). `key` is one of the fixed filterable names, spliced so that its expression
+/// index applies.
+pub(crate) async fn find_by_metadata(
+    pool: &SqlitePool,
+    key: &str,
+    values: &[String],
+) -> Result<Vec<RecordedEvent>, LedgerError> {
+    let sql = format!(
+        select_events!(
+            "WHERE json_extract(metadata, '$.{0}') IN (SELECT value FROM json_each(?)) \
+                        AND json_extract(metadata, '$.{0}') IS NOT NULL ORDER BY seq"
+        ),
+        key
+    );
+    let values = serde_json::Value::from(values.to_vec()).to_string();
+    sqlx::query(&sql)
+        .bind(values)
+        .fetch_all(pool)
+        .await?
+        .iter()
+        .map(event)
+        .collect()
+}
+
 /// Filtered reads, forward from `after_seq` or backward from `before_seq`.
 pub(crate) async fn query(
     pool: &SqlitePool,

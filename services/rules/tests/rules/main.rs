@@ -5,6 +5,7 @@ mod evaluation;
 mod examples;
 mod hot_swap;
 mod ingest;
+mod lazy;
 mod never_panics;
 
 use std::path::PathBuf;
