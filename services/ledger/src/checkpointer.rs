@@ -51,14 +51,16 @@ pub async fn run_checkpointer(
         loop {
             committed.borrow_and_update();
             let page = store.read_hashes(frontier.size() + 1, PAGE).await?;
-            if page.is_empty() {
-                break;
-            }
+            // A short page is the end (no second read that finds nothing).
+            let at_end = page.len() < PAGE as usize;
             for (_, hash) in &page {
                 frontier.push(hash);
                 if frontier.size() >= last_size + policy.every_events {
                     last_size = sign(&store, &signer, &frontier).await?;
                 }
+            }
+            if at_end {
+                break;
             }
         }
         if *stop.borrow() {

@@ -82,9 +82,8 @@ impl MerkleLog {
         loop {
             let next = self.len() + 1;
             let page = store.read_hashes(next, PAGE).await?;
-            if page.is_empty() {
-                return Ok(self.len());
-            }
+            // A short page is the end (no second read that finds nothing).
+            let at_end = page.len() < PAGE as usize;
             if let Ok(mut tree) = self.tree.write() {
                 for (seq, hash) in page {
                     // Pages come in seq order from the current length on; anything else
@@ -93,6 +92,9 @@ impl MerkleLog {
                         tree.push(&hash);
                     }
                 }
+            }
+            if at_end {
+                return Ok(self.len());
             }
         }
     }

@@ -22,6 +22,8 @@ pub struct Subscription {
     buffer: VecDeque<RecordedEvent>,
     name: Option<String>,
     committed: tokio::sync::watch::Receiver<u64>,
+    /// The last read came back short: it reached the end of the ledger.
+    at_end: bool,
 }
 
 impl Subscription {
@@ -33,6 +35,7 @@ impl Subscription {
             buffer: VecDeque::new(),
             name,
             committed,
+            at_end: false,
         }
     }
 
@@ -52,15 +55,20 @@ impl Subscription {
             if let Some(event) = self.buffer.pop_front() {
                 return Ok(event);
             }
+            if self.at_end {
+                // Caught up: wait for this process's writer, or poll for other writers.
+                // (A short page is the end: reading again at once would find nothing, and
+                // did so after every group commit, for every subscriber.)
+                let _ = tokio::time::timeout(POLL, self.committed.changed()).await;
+            }
+            // Marked seen before the read: a commit after this point wakes the next wait.
             self.committed.borrow_and_update();
             let page = self.store.read_all(self.next_seq, PAGE).await?;
+            self.at_end = page.len() < PAGE as usize;
             if let Some(last) = page.last() {
                 self.next_seq = last.seq + 1;
                 self.buffer.extend(page);
-                continue;
             }
-            // Caught up: wait for this process's writer, or poll for other writers.
-            let _ = tokio::time::timeout(POLL, self.committed.changed()).await;
         }
     }
 
