@@ -245,7 +245,15 @@ pub(crate) async fn run(
     // A lone appender is never made to wait for company: the wait applies only once the
     // previous batch showed concurrent appenders.
     let mut concurrent = false;
+    // Committed batches whose callers are answered once the next insert is on its way, so
+    // that the database does not sit idle while a few hundred callers are woken.
+    let mut answers: Vec<(Vec<Pending>, Vec<RequestOutcome>)> = Vec::new();
     loop {
+        // Never wait for anything with callers unanswered: their next appends may be what
+        // the wait is for.
+        for (batch, outcomes) in answers.drain(..) {
+            answer(batch, outcomes, &committed);
+        }
         // While a batch is in the database, the next one is gathered as soon as its first
         // append arrives, so that it is planned before the database is free again.
         let batch = match inflight.front_mut() {
@@ -298,8 +306,9 @@ pub(crate) async fn run(
             let Some(oldest) = inflight.pop_front() else {
                 break;
             };
-            if let Err(batches) = finish(&db, &mut cache, oldest, &mut inflight, &committed).await {
-                rolled_back = Some(batches);
+            match finish(&db, &mut cache, oldest, &mut inflight, &committed).await {
+                Ok(committed_batch) => answers.push(committed_batch),
+                Err(batches) => rolled_back = Some(batches),
             }
         }
         if let Some(batches) = rolled_back {
@@ -355,6 +364,9 @@ pub(crate) async fn run(
             }
         }
     }
+    for (batch, outcomes) in answers {
+        answer(batch, outcomes, &committed);
+    }
     // Anything still queued after a shutdown request is refused, never half-done.
     let mut rx = gatherer.rx;
     rx.close();
@@ -371,7 +383,8 @@ pub(crate) async fn run(
     }
 }
 
-/// Waits for the oldest in-flight batch and answers its callers. If it did not commit,
+/// Waits for the oldest in-flight batch. If it committed, returns it with its outcomes for
+/// the caller to answer (after starting the next insert). If it did not commit,
 /// the batches behind it roll back (they commit only after it) and are returned, oldest
 /// first, to be planned again. On a uniqueness conflict (another writer moved the chain,
 /// or a caller reused an event id) each request of the failed batch is retried alone on
@@ -382,13 +395,12 @@ async fn finish(
     f: InFlight,
     later: &mut VecDeque<InFlight>,
     committed: &watch::Sender<u64>,
-) -> Result<(), Vec<Vec<Pending>>> {
+) -> Result<(Vec<Pending>, Vec<RequestOutcome>), Vec<Vec<Pending>>> {
     let (batch, outcomes, started, result) = f.result().await;
     metrics::histogram!("aether_ledger_commit_seconds").record(started.elapsed().as_secs_f64());
     metrics::histogram!("aether_ledger_batch_requests").record(batch.len() as f64);
     if result.is_ok() {
-        answer(batch, outcomes, committed);
-        return Ok(());
+        return Ok((batch, outcomes));
     }
     cache.invalidate();
     let mut rolled_back = Vec::new();
