@@ -813,22 +813,22 @@ fn personal_members(t: &Trade) -> serde_json::Map<String, Value> {
 
 /// The rules' `request`: the trade in the documented shape (see `aether_rules::sample_request`).
 fn rules_request(s: &Submission, t: &Trade) -> serde_json::Map<String, Value> {
-    let Value::Object(members) = json!({
-        "request_id": s.request_id,
-        "member": s.member_id,
-        "buyer": t.buyer,
-        "seller": t.seller,
-        "counterparty": t.seller,
-        "instrument": t.instrument,
-        "currency": t.currency,
-        "amount_minor": t.amount_minor,
-        "value_date": t.value_date.to_string(),
-        "jurisdiction": t.jurisdiction,
-        "counterparty_tier": t.counterparty_tier,
-    }) else {
-        return serde_json::Map::new();
-    };
-    members
+    [
+        ("request_id", json!(s.request_id)),
+        ("member", json!(s.member_id)),
+        ("buyer", json!(t.buyer)),
+        ("seller", json!(t.seller)),
+        ("counterparty", json!(t.seller)),
+        ("instrument", json!(t.instrument)),
+        ("currency", json!(t.currency)),
+        ("amount_minor", json!(t.amount_minor)),
+        ("value_date", json!(t.value_date.to_string())),
+        ("jurisdiction", json!(t.jurisdiction)),
+        ("counterparty_tier", json!(t.counterparty_tier)),
+    ]
+    .into_iter()
+    .map(|(name, value)| (name.to_owned(), value))
+    .collect()
 }
 
 /// The answer a recorded `ClearingDecided` event gave.

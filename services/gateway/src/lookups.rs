@@ -15,11 +15,8 @@ use crate::clearing::{Answer, CLEARING_DECIDED, ClearError, answer_of, clearing_
 /// Lookups waiting for the next query; a caller beyond this waits to queue.
 const QUEUE: usize = 10_000;
 /// Request ids in one query.
-const MAX_PER_QUERY: usize = if MAX_LOOKUP_VALUES < 500 {
-    MAX_LOOKUP_VALUES
-} else {
-    500
-};
+const MAX_PER_QUERY: usize = 500;
+const _: () = assert!(MAX_PER_QUERY <= MAX_LOOKUP_VALUES);
 
 type Reply = oneshot::Sender<Result<Option<Answer>, ClearError>>;
 

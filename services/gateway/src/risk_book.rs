@@ -232,21 +232,19 @@ impl Members for RiskContext<'_> {
     }
 }
 
-impl RiskContext<'_> {
-    /// The whole context as one JSON object (what a rule reading `context` whole sees).
-    pub fn to_json(&self) -> Value {
-        let members = CONTEXT_MEMBERS
-            .iter()
-            .filter_map(|n| Some(((*n).to_owned(), self.member(n)?.into_owned())))
-            .collect();
-        Value::Object(members)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use chrono::NaiveDate;
+
+    /// The whole context as one JSON object (what a rule reading `context` whole sees).
+    fn to_json(context: &RiskContext<'_>) -> Value {
+        let members = CONTEXT_MEMBERS
+            .iter()
+            .filter_map(|n| Some(((*n).to_owned(), context.member(n)?.into_owned())))
+            .collect();
+        Value::Object(members)
+    }
 
     fn trade(member: &str, n: u32, amount_minor: i64) -> Trade {
         Trade {
@@ -279,7 +277,7 @@ mod tests {
         book.record(&trade("other", 1, 5), true, now);
         let (context, velocity) = book.context("m", "bank-b", now);
         assert_eq!(velocity, 30);
-        let recent = context.to_json()["recent"].clone();
+        let recent = to_json(&context)["recent"].clone();
         let recent = recent.as_array().expect("a list");
         assert_eq!(recent.len(), CONTEXT_RECENT);
         assert_eq!(recent[0]["request_id"], "r-180", "newest first");
@@ -287,7 +285,7 @@ mod tests {
         assert_eq!(recent[30]["request_id"], "r-150");
         assert_eq!(recent[30]["age_seconds"], 7200);
         // Cleared trades add to the counterparty's exposure; held ones do not.
-        assert_eq!(context.to_json()["exposure"]["bank-b"], 1 + 150 * 10 + 5);
+        assert_eq!(to_json(&context)["exposure"]["bank-b"], 1 + 150 * 10 + 5);
         assert_eq!(book.context("nobody", "bank-b", now).1, 0);
     }
 

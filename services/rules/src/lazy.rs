@@ -47,7 +47,7 @@ type Converted = Result<Box<dyn Val>, String>;
 struct LazyObject<'s> {
     variable: &'static str,
     source: &'s dyn Members,
-    members: HashMap<String, OnceLock<Option<Converted>>>,
+    members: HashMap<Cow<'s, str>, OnceLock<Option<Converted>>>,
     whole: OnceLock<Converted>,
 }
 
@@ -56,7 +56,7 @@ impl<'s> LazyObject<'s> {
         let members = source
             .names()
             .into_iter()
-            .map(|n| (n.into_owned(), OnceLock::new()))
+            .map(|n| (n, OnceLock::new()))
             .collect();
         LazyObject {
             variable,
@@ -85,7 +85,7 @@ impl<'s> LazyObject<'s> {
                 let Some(value) = to_cel(&value) else {
                     return Err(too_deep(self.variable, Some(name)));
                 };
-                map.insert(Key::from(name.as_str()), value);
+                map.insert(Key::from(name.as_ref()), value);
             }
             boxed(
                 Some(Value::Map(Map { map: Arc::new(map) })),
