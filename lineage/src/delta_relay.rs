@@ -127,7 +127,12 @@ async fn follow(
                 continue;
             }
             tokio::select! {
-                _ = committed.changed() => {}
+                changed = committed.changed() => {
+                    // The writer is gone (the store is shutting down): commit what is here.
+                    if changed.is_err() {
+                        break;
+                    }
+                }
                 _ = tokio::time::sleep_until(deadline) => {
                     // What this process committed meanwhile; another process's events
                     // come with the next commit.
