@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use aether_rules::{Action, CompiledPolicy, Members, RuleSet};
+use aether_rules::{Action, CompiledPolicy, Evaluation, Members, RuleSet};
 use serde_json::{Value, json};
 
 use crate::{clean_context, clean_request, document, rule, shipped_policies, with};
@@ -58,6 +58,24 @@ fn set_of(rules: Vec<aether_rules::RuleSpec>) -> RuleSet {
     RuleSet::new([std::sync::Arc::new(policy)]).expect("set")
 }
 
+/// `set`'s policy `p` against counted `request` and `context`.
+fn evaluate(set: &RuleSet, request: &Counting, context: &Counting) -> Evaluation {
+    set.evaluate_members(request, context, &["p"])
+        .expect("runs")
+}
+
+/// The clean request and context of the suite, counted.
+fn clean() -> (Counting, Counting) {
+    (
+        Counting::new(clean_request()),
+        Counting::new(clean_context()),
+    )
+}
+
+fn fired(e: &Evaluation) -> Vec<&str> {
+    e.fired.iter().map(|f| f.rule_id.as_str()).collect()
+}
+
 #[test]
 fn a_member_no_rule_reads_is_never_produced() {
     let set = set_of(vec![
@@ -70,13 +88,8 @@ fn a_member_no_rule_reads_is_never_produced() {
             "request.jurisdiction in context.high_risk_jurisdictions",
         ),
     ]);
-    let (request, context) = (
-        Counting::new(clean_request()),
-        Counting::new(clean_context()),
-    );
-    let e = set
-        .evaluate_members(&request, &context, &["p"])
-        .expect("runs");
+    let (request, context) = clean();
+    let e = evaluate(&set, &request, &context);
     assert_eq!(e.decision, Action::Allow);
     assert_eq!(context.times("recent"), 0, "nothing reads `recent`");
     assert_eq!(context.times("limits"), 0);
@@ -94,15 +107,9 @@ fn a_member_read_by_several_rules_is_produced_once() {
             "request.amount_minor > 0 && context.recent.size() < 2",
         ),
     ]);
-    let (request, context) = (
-        Counting::new(clean_request()),
-        Counting::new(clean_context()),
-    );
-    let e = set
-        .evaluate_members(&request, &context, &["p"])
-        .expect("runs");
-    let fired: Vec<&str> = e.fired.iter().map(|f| f.rule_id.as_str()).collect();
-    assert_eq!(fired, ["some", "large"]);
+    let (request, context) = clean();
+    let e = evaluate(&set, &request, &context);
+    assert_eq!(fired(&e), ["some", "large"]);
     assert_eq!(context.times("recent"), 1);
     assert_eq!(request.times("amount_minor"), 1);
 }
@@ -120,15 +127,9 @@ fn a_rule_that_reads_a_variable_whole_sees_every_member() {
         ),
         rule("missing", "has(context.not_there)"),
     ]);
-    let (request, context) = (
-        Counting::new(clean_request()),
-        Counting::new(clean_context()),
-    );
-    let e = set
-        .evaluate_members(&request, &context, &["p"])
-        .expect("runs");
-    let fired: Vec<&str> = e.fired.iter().map(|f| f.rule_id.as_str()).collect();
-    assert_eq!(fired, ["has", "index"]);
+    let (request, context) = clean();
+    let e = evaluate(&set, &request, &context);
+    assert_eq!(fired(&e), ["has", "index"]);
     assert!(e.errors.is_empty(), "{:?}", e.errors);
 }
 
@@ -178,12 +179,9 @@ fn a_member_that_cannot_be_bound_fails_only_the_rules_that_read_it() {
         rule("fine", "request.amount_minor > 0"),
     ]);
     let context = Counting::new(with(clean_context(), json!({ "limits": deep })));
-    let e = set
-        .evaluate_members(&Counting::new(clean_request()), &context, &["p"])
-        .expect("runs");
+    let e = evaluate(&set, &Counting::new(clean_request()), &context);
     assert_eq!(e.decision, Action::Hold, "a rule that cannot run holds");
-    let fired: Vec<&str> = e.fired.iter().map(|f| f.rule_id.as_str()).collect();
-    assert_eq!(fired, ["fine"]);
+    assert_eq!(fired(&e), ["fine"]);
     assert_eq!(e.errors.len(), 1);
     assert_eq!(e.errors[0].rule_id, "deep");
     assert!(
