@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 use sqlx::Row;
-use sqlx::postgres::{PgPool, PgRow};
+use sqlx::postgres::{PgConnection, PgPool, PgRow};
 use tokio::sync::oneshot;
 
 use super::InsertError;
@@ -63,30 +63,12 @@ pub(crate) async fn read_versions(
     .collect()
 }
 
-/// Inserts one planned batch atomically: a single multi-row statement is its own
-/// transaction, so the batch costs one round trip. The primary key on `seq` and the unique
-/// `(stream_id, stream_version)` make a concurrent writer's batch fail rather than fork.
+/// Inserts one planned batch atomically: one statement (the events and their personal side
+/// rows) is its own transaction, so the batch costs one round trip. The primary key on
+/// `seq` and the unique `(stream_id, stream_version)` make a concurrent writer's batch fail
+/// rather than fork.
 pub(crate) async fn insert_rows(pool: &PgPool, rows: &[EventRow]) -> Result<(), sqlx::Error> {
-    if rows.iter().all(|r| r.personal.is_empty()) {
-        let mut conn = pool.acquire().await?;
-        return insert(&mut conn, rows).await;
-    }
-    // Events with personal members: their side rows commit with them.
-    let mut tx = pool.begin().await?;
-    if let Err(e) = insert_with_personal(&mut tx, rows).await {
-        let _ = tx.rollback().await;
-        return Err(e);
-    }
-    tx.commit().await
-}
-
-/// A batch's rows and their personal side rows, inside the caller's transaction.
-async fn insert_with_personal(
-    tx: &mut sqlx::PgConnection,
-    rows: &[EventRow],
-) -> Result<(), sqlx::Error> {
-    insert(tx, rows).await?;
-    insert_personal(tx, rows).await
+    insert(&mut *pool.acquire().await?, rows).await
 }
 
 /// Inserts a batch while the one before it may still be in the database, on another
@@ -99,7 +81,7 @@ pub(crate) async fn insert_rows_after(
     after: oneshot::Receiver<bool>,
 ) -> Result<(), InsertError> {
     let mut tx = pool.begin().await?;
-    if let Err(e) = insert_with_personal(&mut tx, rows).await {
+    if let Err(e) = insert(&mut tx, rows).await {
         // Rolled back now, not when the connection is next used: until then its rows
         // would hold the seqs that the writer is about to insert again.
         let _ = tx.rollback().await;
@@ -111,37 +93,6 @@ pub(crate) async fn insert_rows_after(
         return Err(InsertError::PredecessorFailed);
     }
     Ok(tx.commit().await?)
-}
-
-/// The side rows of a batch's personal members, in one statement.
-async fn insert_personal(
-    tx: &mut sqlx::PgConnection,
-    rows: &[EventRow],
-) -> Result<(), sqlx::Error> {
-    let fields = rows
-        .iter()
-        .flat_map(|r| r.personal.iter().map(move |f| (r.event_id, f)));
-    let (mut event_id, mut member, mut value, mut salt) = (vec![], vec![], vec![], vec![]);
-    for (id, f) in fields {
-        event_id.push(id);
-        member.push(f.member.as_str());
-        value.push(f.value.as_str());
-        salt.push(f.salt.as_slice());
-    }
-    if event_id.is_empty() {
-        return Ok(());
-    }
-    sqlx::query(
-        "INSERT INTO personal_data (event_id, member, value, salt) \
-         SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::bytea[])",
-    )
-    .bind(&event_id)
-    .bind(&member)
-    .bind(&value)
-    .bind(&salt)
-    .execute(tx)
-    .await?;
-    Ok(())
 }
 
 pub(crate) async fn personal_fields(
@@ -180,7 +131,22 @@ pub(crate) async fn delete_personal_field(
     )
 }
 
-async fn insert(tx: &mut sqlx::PgConnection, rows: &[EventRow]) -> Result<(), sqlx::Error> {
+/// The events' statement, and the side rows of their personal members when there are
+/// any: a data-modifying `WITH` runs both in one statement, so they commit (or fail)
+/// together, and the foreign key sees the events, as it is checked at the statement's end.
+const INSERT_EVENTS: &str = "INSERT INTO events (seq, stream_id, stream_version, event_id, event_type, \
+                                 schema_version, payload, metadata, recorded_at, prev_hash, hash) \
+     SELECT * FROM UNNEST($1::bigint[], $2::text[], $3::bigint[], $4::uuid[], $5::text[], \
+                          $6::int[], $7::text[], $8::text[], $9::timestamptz[], $10::bytea[], $11::bytea[])";
+const INSERT_EVENTS_WITH_PERSONAL: &str = "WITH personal AS (\
+         INSERT INTO personal_data (event_id, member, value, salt) \
+         SELECT * FROM UNNEST($12::uuid[], $13::text[], $14::text[], $15::bytea[])) \
+     INSERT INTO events (seq, stream_id, stream_version, event_id, event_type, \
+                         schema_version, payload, metadata, recorded_at, prev_hash, hash) \
+     SELECT * FROM UNNEST($1::bigint[], $2::text[], $3::bigint[], $4::uuid[], $5::text[], \
+                          $6::int[], $7::text[], $8::text[], $9::timestamptz[], $10::bytea[], $11::bytea[])";
+
+async fn insert(conn: &mut PgConnection, rows: &[EventRow]) -> Result<(), sqlx::Error> {
     let mut seq = Vec::with_capacity(rows.len());
     let mut stream_id = Vec::with_capacity(rows.len());
     let mut stream_version = Vec::with_capacity(rows.len());
@@ -192,6 +158,7 @@ async fn insert(tx: &mut sqlx::PgConnection, rows: &[EventRow]) -> Result<(), sq
     let mut recorded_at = Vec::with_capacity(rows.len());
     let mut prev_hash = Vec::with_capacity(rows.len());
     let mut hash = Vec::with_capacity(rows.len());
+    let (mut p_event_id, mut p_member, mut p_value, mut p_salt) = (vec![], vec![], vec![], vec![]);
     for r in rows {
         seq.push(r.seq);
         stream_id.push(r.stream_id.as_str());
@@ -204,26 +171,40 @@ async fn insert(tx: &mut sqlx::PgConnection, rows: &[EventRow]) -> Result<(), sq
         recorded_at.push(r.recorded_at);
         prev_hash.push(r.prev_hash.as_slice());
         hash.push(r.hash.as_slice());
+        for f in &r.personal {
+            p_event_id.push(r.event_id);
+            p_member.push(f.member.as_str());
+            p_value.push(f.value.as_str());
+            p_salt.push(f.salt.as_slice());
+        }
     }
-    sqlx::query(
-        "INSERT INTO events (seq, stream_id, stream_version, event_id, event_type, schema_version, \
-                             payload, metadata, recorded_at, prev_hash, hash) \
-         SELECT * FROM UNNEST($1::bigint[], $2::text[], $3::bigint[], $4::uuid[], $5::text[], \
-                              $6::int[], $7::text[], $8::text[], $9::timestamptz[], $10::bytea[], $11::bytea[])",
-    )
-    .bind(&seq)
-    .bind(&stream_id)
-    .bind(&stream_version)
-    .bind(&event_id)
-    .bind(&event_type)
-    .bind(&schema_version)
-    .bind(&payload)
-    .bind(&metadata)
-    .bind(&recorded_at)
-    .bind(&prev_hash)
-    .bind(&hash)
-    .execute(tx)
-    .await?;
+    let sql = if p_event_id.is_empty() {
+        INSERT_EVENTS
+    } else {
+        INSERT_EVENTS_WITH_PERSONAL
+    };
+    let query = sqlx::query(sql)
+        .bind(&seq)
+        .bind(&stream_id)
+        .bind(&stream_version)
+        .bind(&event_id)
+        .bind(&event_type)
+        .bind(&schema_version)
+        .bind(&payload)
+        .bind(&metadata)
+        .bind(&recorded_at)
+        .bind(&prev_hash)
+        .bind(&hash);
+    let query = if p_event_id.is_empty() {
+        query
+    } else {
+        query
+            .bind(&p_event_id)
+            .bind(&p_member)
+            .bind(&p_value)
+            .bind(&p_salt)
+    };
+    query.execute(conn).await?;
     Ok(())
 }
 
