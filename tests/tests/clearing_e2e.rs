@@ -127,18 +127,30 @@ async fn trades_are_cleared_over_mtls_with_envelopes_and_every_decision_is_on_th
     assert_eq!(payload["decision"], "cleared");
     assert_eq!(event["event"]["metadata"]["request_id"], "req-1");
     assert_eq!(event["event"]["metadata"]["member"], "bank-a");
-    // Its batch was netted and recorded before the answer.
-    let netting = get(
-        &server,
-        &format!(
-            "/v1/audit/events/{}",
-            payload["netting_seq"].as_u64().unwrap()
-        ),
-    )
-    .await;
+    // Its batch was netted, and the netting committed with the decision, in one append
+    // just before it; the regulator's explanation names it.
+    let why = get(&server, "/v1/audit/decisions/req-1").await;
+    let netting_seq = why["worker"]["netting_seq"].as_u64().unwrap();
+    assert!(netting_seq < receipt.seq, "{why}");
+    let netting = get(&server, &format!("/v1/audit/events/{netting_seq}")).await;
     assert_eq!(
         netting["event"]["event_type"], "NettingComputed",
         "{netting}"
+    );
+    assert_eq!(
+        netting["event"]["payload"]["batch_id"], payload["batch_id"],
+        "{netting}"
+    );
+    assert!(
+        netting["event"]["payload"]["request_ids"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!("bank-a/req-1")),
+        "{netting}"
+    );
+    assert_eq!(
+        netting["event"]["recorded_at"], event["event"]["recorded_at"],
+        "one commit"
     );
 
     // Over the reporting threshold, with a session key: held for review, the rule fired

@@ -169,10 +169,40 @@ pub async fn decision(
     let policy = policy_of(policy);
     let (shown, _) = presented(&state, &event, &policy).await?;
     let mut why = explain(&state, &event, lineage, proof);
+    if why["worker"]["netting_seq"].is_null() {
+        let batch_id = why["worker"]["batch_id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        why["worker"]["netting_seq"] = json!(batch_netting(&state, event.seq, &batch_id).await?);
+    }
     why["trade"] = shown.payload["trade"].clone();
     why["personal_fields"] = json!(shown.fields);
     why["redaction_policy"] = json!(policy.to_string());
     Ok(axum::Json(why).into_response())
+}
+
+/// The seq of the `NettingComputed` of a decision's batch. A decision is committed in one
+/// append with its batch's netting, which comes first, so it is the last netting before the
+/// decision; its batch id must match. (Decisions recorded before the two shared an append
+/// name `netting_seq` in their payload.)
+async fn batch_netting(
+    state: &AppState,
+    decision_seq: u64,
+    batch_id: &str,
+) -> Result<Option<u64>, Problem> {
+    let filter = EventFilter {
+        event_type: Some(aether_gateway::batcher::NETTING_COMPUTED.to_owned()),
+        ..EventFilter::default()
+    };
+    let netting = state.store.query_backward(&filter, decision_seq, 1).await?;
+    Ok(netting
+        .into_iter()
+        .find(|n| {
+            n.payload_value()
+                .is_ok_and(|p| p["batch_id"].as_str() == Some(batch_id))
+        })
+        .map(|n| n.seq))
 }
 
 /// The explanation document of one `ClearingDecided` event; its `trade` still holds the

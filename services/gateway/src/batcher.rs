@@ -4,15 +4,16 @@
 //! `max_delay`, whichever comes first; it then goes to a free worker. The queue is bounded
 //! (`queue_capacity`) and a full queue refuses at once ([`Overloaded`]), so memory never
 //! grows with load: callers answer RESOURCE_EXHAUSTED and members retry. Each batch is
-//! netted by the worker and its `NettingComputed` event is committed before any trade of
-//! the batch is answered.
+//! netted by the worker; its `NettingComputed` event and the decisions of its trades are
+//! then committed together, in one atomic append (one group commit per request, not two),
+//! before any trade of the batch is answered.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use aether_gpu_worker::{ClearingModel, Netting, Score, Trade, TradeContext, net};
-use aether_ledger::{EventStore, ExpectedVersion, NewEvent};
+use aether_ledger::{AppendToStream, Committed, EventStore, ExpectedVersion, NewEvent};
 use serde_json::json;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use uuid::Uuid;
@@ -90,7 +91,7 @@ pub struct Job {
 }
 
 /// A trade's score and the batch it was scored in.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Scored {
     pub score: Score,
     pub batch_id: Uuid,
@@ -99,8 +100,32 @@ pub struct Scored {
     pub device: String,
     pub worker: String,
     pub worker_elapsed: Duration,
-    /// Seq of the batch's `NettingComputed` event.
-    pub netting_seq: u64,
+    /// Where the trade's decision goes to be recorded with the batch.
+    pub recorder: Recorder,
+}
+
+/// A decision on its way back to its batch, with where to send its committed position.
+type Decided = (String, NewEvent, oneshot::Sender<Result<Committed, String>>);
+
+/// The way back for a scored trade's decision: the batch appends its `NettingComputed`
+/// and every decision its trades send, atomically, so the netting is never on the ledger
+/// without the decisions it covered, nor a decision without its netting. A recorder
+/// dropped unused (a request given up) leaves its trade out of the append.
+#[derive(Debug)]
+pub struct Recorder {
+    tx: oneshot::Sender<Decided>,
+}
+
+impl Recorder {
+    /// Records `event` on `stream_id` with the batch; answers once it is committed.
+    pub async fn record(self, stream_id: String, event: NewEvent) -> Result<Committed, String> {
+        let (reply, committed) = oneshot::channel();
+        let stopped = || "the batch stopped before the decision was recorded".to_owned();
+        self.tx
+            .send((stream_id, event, reply))
+            .map_err(|_| stopped())?;
+        committed.await.map_err(|_| stopped())?
+    }
 }
 
 /// The queue is full: the caller should shed load (RESOURCE_EXHAUSTED).
@@ -392,21 +417,10 @@ async fn run_batch(
             "currencies": currencies,
         }),
     );
-    let netting_seq = match store
-        .append(NETTING_STREAM, ExpectedVersion::Any, vec![event])
-        .await
-    {
-        Ok(committed) => committed.first().map_or(0, |c| c.seq),
-        Err(e) => {
-            let reason = format!("the batch's netting could not be recorded: {e}");
-            for job in jobs {
-                let _ = job.reply.send(Err(reason.clone()));
-            }
-            return;
-        }
-    };
     let size = jobs.len();
+    let mut decided = Vec::with_capacity(size);
     for (job, score) in jobs.into_iter().zip(result.scores) {
+        let (tx, rx) = oneshot::channel();
         let _ = job.reply.send(Ok(Scored {
             score,
             batch_id,
@@ -414,7 +428,64 @@ async fn run_batch(
             device: result.device.clone(),
             worker: result.worker.clone(),
             worker_elapsed: result.elapsed,
-            netting_seq,
+            recorder: Recorder { tx },
         }));
+        decided.push(rx);
+    }
+    // Every trade answers at once (its decision is CPU work after the score) or gave up.
+    let decided: Vec<Decided> = futures::future::join_all(decided)
+        .await
+        .into_iter()
+        .filter_map(Result::ok)
+        .collect();
+    record(store, event, decided).await;
+}
+
+/// Appends a batch's netting (first) and its decisions, grouped by stream, in one atomic
+/// append, and answers each decision with its committed position.
+async fn record(store: &EventStore, netting: NewEvent, decided: Vec<Decided>) {
+    let mut appends = vec![AppendToStream {
+        stream_id: NETTING_STREAM.to_owned(),
+        expected: ExpectedVersion::Any,
+        events: vec![netting],
+    }];
+    let mut streams: HashMap<String, usize> = HashMap::new();
+    // Where each decision sits in its stream's part.
+    let mut waiting = Vec::with_capacity(decided.len());
+    for (stream_id, event, reply) in decided {
+        let part = *streams.entry(stream_id.clone()).or_insert_with(|| {
+            appends.push(AppendToStream {
+                stream_id,
+                expected: ExpectedVersion::Any,
+                events: Vec::new(),
+            });
+            appends.len() - 1
+        });
+        waiting.push((part, appends[part].events.len(), reply));
+        appends[part].events.push(event);
+    }
+    // Committed positions come back in the order of the parts and their events.
+    let mut offsets = Vec::with_capacity(appends.len());
+    let mut offset = 0;
+    for part in &appends {
+        offsets.push(offset);
+        offset += part.events.len();
+    }
+    match store.append_multi(appends).await {
+        Ok(committed) => {
+            for (part, index, reply) in waiting {
+                let position = committed
+                    .get(offsets[part] + index)
+                    .cloned()
+                    .ok_or_else(|| "the ledger returned fewer positions than events".to_owned());
+                let _ = reply.send(position);
+            }
+        }
+        Err(e) => {
+            let reason = format!("the batch's netting and decisions could not be recorded: {e}");
+            for (_, _, reply) in waiting {
+                let _ = reply.send(Err(reason.clone()));
+            }
+        }
     }
 }

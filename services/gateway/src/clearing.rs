@@ -14,7 +14,7 @@ use aether_control::rollout_controller::ObservationSender;
 use aether_control::{ControlState, EngineStatus, Origin, RolloutPhase};
 use aether_gpu_worker::{ClearingModel, DeviceChoice, Trade, TradeContext};
 use aether_ledger::hashing::{canonical_json, sm3};
-use aether_ledger::{EventStore, ExpectedVersion, NewEvent, RecordedEvent};
+use aether_ledger::{EventStore, NewEvent, RecordedEvent};
 use aether_rules::Action;
 use chrono::{NaiveDate, Timelike, Utc};
 use serde::Serialize;
@@ -166,7 +166,6 @@ impl GatewayConfig {
 type InFlight = Arc<OnceCell<Result<Answer, ClearError>>>;
 
 struct Inner {
-    store: EventStore,
     control: ControlState,
     config: GatewayConfig,
     batcher: Batcher,
@@ -244,8 +243,7 @@ impl ClearingGateway {
             });
             Inner {
                 risk: RiskBook::new(config.risk.clone()),
-                lookups: RecordedLookups::start(store.clone()),
-                store,
+                lookups: RecordedLookups::start(store),
                 control,
                 config,
                 batcher,
@@ -418,7 +416,6 @@ impl ClearingGateway {
                 "device": scored.device,
                 "batch_id": scored.batch_id.to_string(),
                 "batch_size": scored.batch_size,
-                "netting_seq": scored.netting_seq,
                 "latency_us": latency_us,
                 "snapshot_id": snapshot_id,
                 "snapshot": {
@@ -433,20 +430,12 @@ impl ClearingGateway {
             "member": s.member_id,
             "snapshot_id": snapshot_id,
         })));
-        let committed = self
-            .inner
-            .store
-            .append(
-                &clearing_stream(&s.member_id),
-                ExpectedVersion::Any,
-                vec![event],
-            )
+        // Committed with the batch's netting, in one append.
+        let committed = scored
+            .recorder
+            .record(clearing_stream(&s.member_id), event)
             .await
-            .map_err(|e| ClearError::Ledger(e.to_string()))?;
-        let committed = committed
-            .into_iter()
-            .next()
-            .ok_or_else(|| ClearError::Ledger("no position returned".into()))?;
+            .map_err(ClearError::Ledger)?;
         self.inner
             .risk
             .record(&trade, decision == Decision::Cleared, now);
