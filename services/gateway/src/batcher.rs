@@ -27,6 +27,9 @@ pub const NETTING_STREAM: &str = "netting";
 /// Event type of a batch's netting.
 pub const NETTING_COMPUTED: &str = "NettingComputed";
 
+/// Scored batches that may wait for the ledger at once, per scoring worker.
+const BATCHES_RECORDING_PER_WORKER: usize = 4;
+
 /// How trades are batched and how many batches run at once.
 #[derive(Clone, Debug)]
 pub struct BatcherConfig {
@@ -171,6 +174,9 @@ async fn collect(
     mut rx: mpsc::Receiver<Job>,
 ) {
     let workers = Arc::new(Semaphore::new(config.workers.max(1)));
+    let recording = Arc::new(Semaphore::new(
+        config.workers.max(1) * BATCHES_RECORDING_PER_WORKER,
+    ));
     let max_batch = config.max_batch.max(1);
     while let Some(first) = rx.recv().await {
         let deadline = tokio::time::Instant::now() + config.max_delay;
@@ -199,11 +205,23 @@ async fn collect(
                 .push(job);
         }
         let (store, pool, config) = (store.clone(), pool.clone(), config.clone());
+        let recording = Arc::clone(&recording);
         tokio::spawn(async move {
+            let mut scored = Vec::new();
             for (_, jobs) in by_model {
-                run_batch(&store, &pool, &config, jobs, queue_depth).await;
+                scored.extend(score_batch(&pool, &config, jobs, queue_depth).await);
             }
+            // Scored: the next batch may score while this one is recorded, up to a bound
+            // on batches waiting for the ledger, so that a stalled ledger still backs the
+            // queue up.
+            let Ok(recording) = recording.acquire_owned().await else {
+                return;
+            };
             drop(permit);
+            for batch in scored {
+                record(&store, batch).await;
+            }
+            drop(recording);
         });
     }
 }
@@ -348,18 +366,16 @@ fn check_remote(
     Ok((scores, netting))
 }
 
-/// Scores and nets one single-model batch, records its netting, answers every job;
+/// Scores and nets one single-model batch and answers every job with its score and a
+/// recorder; what is returned records the batch once its trades have decided;
 /// `queue_depth`: trades waiting when the batch started, for its rollout report.
-async fn run_batch(
-    store: &EventStore,
+async fn score_batch(
     pool: &WorkerPool,
     config: &BatcherConfig,
     jobs: Vec<Job>,
     queue_depth: usize,
-) {
-    let Some(model) = jobs.first().map(|j| j.model.clone()) else {
-        return;
-    };
+) -> Option<Recording> {
+    let model = jobs.first().map(|j| j.model.clone())?;
     let batch_id = Uuid::now_v7();
     let inputs: Vec<(Trade, TradeContext)> =
         jobs.iter().map(|j| (j.trade.clone(), j.context)).collect();
@@ -370,7 +386,7 @@ async fn run_batch(
             for job in jobs {
                 let _ = job.reply.send(Err(reason.clone()));
             }
-            return;
+            return None;
         }
     };
     metrics::histogram!("aether_clearing_batch_size").record(jobs.len() as f64);
@@ -432,18 +448,28 @@ async fn run_batch(
         }));
         decided.push(rx);
     }
+    Some(Recording {
+        netting: event,
+        decided,
+    })
+}
+
+/// A scored batch waiting for its trades' decisions, to record them with its netting.
+struct Recording {
+    netting: NewEvent,
+    decided: Vec<oneshot::Receiver<Decided>>,
+}
+
+/// Appends a batch's netting (first) and its decisions, grouped by stream, in one atomic
+/// append, and answers each decision with its committed position.
+async fn record(store: &EventStore, recording: Recording) {
+    let Recording { netting, decided } = recording;
     // Every trade answers at once (its decision is CPU work after the score) or gave up.
     let decided: Vec<Decided> = futures::future::join_all(decided)
         .await
         .into_iter()
         .filter_map(Result::ok)
         .collect();
-    record(store, event, decided).await;
-}
-
-/// Appends a batch's netting (first) and its decisions, grouped by stream, in one atomic
-/// append, and answers each decision with its committed position.
-async fn record(store: &EventStore, netting: NewEvent, decided: Vec<Decided>) {
     let mut appends = vec![AppendToStream {
         stream_id: NETTING_STREAM.to_owned(),
         expected: ExpectedVersion::Any,
