@@ -81,8 +81,16 @@ struct Row<'a> {
 }
 
 impl Row<'_> {
-    fn text(&self, pointer: &str) -> String {
-        match self.payload.pointer(pointer) {
+    /// The payload member at `path` (object keys, outermost first).
+    fn member(&self, path: &[&str]) -> Option<&Value> {
+        // Walked key by key: `Value::pointer` allocates two strings per path segment, and
+        // that was most of this table's encoding cost.
+        path.iter()
+            .try_fold(&self.payload, |value, key| value.get(key))
+    }
+
+    fn text(&self, path: &[&str]) -> String {
+        match self.member(path) {
             Some(Value::String(s)) => s.clone(),
             Some(Value::Null) | None => String::new(),
             Some(other) => other.to_string(),
@@ -176,12 +184,9 @@ fn to_record_batch(
     let strings = |f: &dyn Fn(&Row<'_>) -> String| -> ArrayRef {
         Arc::new(StringArray::from_iter_values(rows.iter().map(f)))
     };
-    let floats = |pointer: &str| -> ArrayRef {
+    let floats = |key: &str| -> ArrayRef {
         Arc::new(Float64Array::from_iter_values(rows.iter().map(|r| {
-            r.payload
-                .pointer(pointer)
-                .and_then(Value::as_f64)
-                .unwrap_or(f64::NAN)
+            r.member(&[key]).and_then(Value::as_f64).unwrap_or(f64::NAN)
         })))
     };
     let columns: Vec<ArrayRef> = schema
@@ -201,22 +206,22 @@ fn to_record_batch(
                     )
                     .with_timezone_opt(tz.clone()),
                 ),
-                "member" => strings(&|r| r.text("/member")),
-                "request_id" => strings(&|r| r.text("/request_id")),
-                "decision" => strings(&|r| r.text("/decision")),
-                "score" => floats("/score"),
-                "confidence" => floats("/confidence"),
-                "buyer" => strings(&|r| r.text("/trade/buyer")),
-                "seller" => strings(&|r| r.text("/trade/seller")),
-                "currency" => strings(&|r| r.text("/trade/currency")),
-                "amount_minor" => strings(&|r| r.text("/trade/amount_minor")),
-                "jurisdiction" => strings(&|r| r.text("/trade/jurisdiction")),
-                "model_ref" => strings(&|r| r.text("/model_ref")),
-                "model_digest" => strings(&|r| r.text("/model_digest")),
-                "model_stage" => strings(&|r| r.text("/model_stage")),
+                "member" => strings(&|r| r.text(&["member"])),
+                "request_id" => strings(&|r| r.text(&["request_id"])),
+                "decision" => strings(&|r| r.text(&["decision"])),
+                "score" => floats("score"),
+                "confidence" => floats("confidence"),
+                "buyer" => strings(&|r| r.text(&["trade", "buyer"])),
+                "seller" => strings(&|r| r.text(&["trade", "seller"])),
+                "currency" => strings(&|r| r.text(&["trade", "currency"])),
+                "amount_minor" => strings(&|r| r.text(&["trade", "amount_minor"])),
+                "jurisdiction" => strings(&|r| r.text(&["trade", "jurisdiction"])),
+                "model_ref" => strings(&|r| r.text(&["model_ref"])),
+                "model_digest" => strings(&|r| r.text(&["model_digest"])),
+                "model_stage" => strings(&|r| r.text(&["model_stage"])),
                 "rules_fired" => strings(&|r| r.payload["rules_fired"].to_string()),
                 "cited_clauses" => strings(&|r| r.payload["cited_clauses"].to_string()),
-                "snapshot_id" => strings(&|r| r.text("/snapshot_id")),
+                "snapshot_id" => strings(&|r| r.text(&["snapshot_id"])),
                 "trace_id" => strings(&|r| {
                     r.metadata["trace_id"]
                         .as_str()
