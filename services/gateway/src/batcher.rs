@@ -475,7 +475,8 @@ async fn record(store: &EventStore, recording: Recording) {
         expected: ExpectedVersion::Any,
         events: vec![netting],
     }];
-    let mut streams: HashMap<String, usize> = HashMap::new();
+    // One part per stream (a stream may appear once in an append), the netting's included.
+    let mut streams: HashMap<String, usize> = HashMap::from([(NETTING_STREAM.to_owned(), 0)]);
     // Where each decision sits in its stream's part.
     let mut waiting = Vec::with_capacity(decided.len());
     for (stream_id, event, reply) in decided {
