@@ -106,9 +106,6 @@ async fn insert(
     rows: &[Mapped],
     now: DateTime<Utc>,
 ) -> Result<(), sqlx::Error> {
-    const HEAD: &str = "INSERT INTO lineage_records \
-                        (seq, event_id, run_id, job, openlineage_event, openlineage_at) ";
-    const TAIL: &str = " ON CONFLICT (seq) DO NOTHING";
     if let Some(pool) = store.postgres_pool() {
         // A page in one statement (columns as arrays), which is its own transaction: one
         // round trip instead of BEGIN, a statement per chunk and COMMIT.
@@ -135,6 +132,9 @@ async fn insert(
         .await?;
         Ok(())
     } else if let Some(pool) = store.sqlite_pool() {
+        const HEAD: &str = "INSERT INTO lineage_records \
+                            (seq, event_id, run_id, job, openlineage_event, openlineage_at) ";
+        const TAIL: &str = " ON CONFLICT (seq) DO NOTHING";
         let mut tx = pool.begin().await?;
         for chunk in rows.chunks(ROWS_PER_STATEMENT) {
             let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(HEAD);

@@ -131,20 +131,27 @@ pub(crate) async fn delete_personal_field(
     )
 }
 
-/// The events' statement, and the side rows of their personal members when there are
-/// any: a data-modifying `WITH` runs both in one statement, so they commit (or fail)
-/// together, and the foreign key sees the events, as it is checked at the statement's end.
-const INSERT_EVENTS: &str = "INSERT INTO events (seq, stream_id, stream_version, event_id, event_type, \
-                                 schema_version, payload, metadata, recorded_at, prev_hash, hash) \
-     SELECT * FROM UNNEST($1::bigint[], $2::text[], $3::bigint[], $4::uuid[], $5::text[], \
-                          $6::int[], $7::text[], $8::text[], $9::timestamptz[], $10::bytea[], $11::bytea[])";
-const INSERT_EVENTS_WITH_PERSONAL: &str = "WITH personal AS (\
-         INSERT INTO personal_data (event_id, member, value, salt) \
-         SELECT * FROM UNNEST($12::uuid[], $13::text[], $14::text[], $15::bytea[])) \
-     INSERT INTO events (seq, stream_id, stream_version, event_id, event_type, \
-                         schema_version, payload, metadata, recorded_at, prev_hash, hash) \
-     SELECT * FROM UNNEST($1::bigint[], $2::text[], $3::bigint[], $4::uuid[], $5::text[], \
-                          $6::int[], $7::text[], $8::text[], $9::timestamptz[], $10::bytea[], $11::bytea[])";
+/// `<prefix>INSERT INTO events …` for a batch's columns as arrays (`$1`–`$11`).
+macro_rules! insert_events {
+    ($prefix:literal) => {
+        concat!(
+            $prefix,
+            "INSERT INTO events (seq, stream_id, stream_version, event_id, event_type, ",
+            "schema_version, payload, metadata, recorded_at, prev_hash, hash) ",
+            "SELECT * FROM UNNEST($1::bigint[], $2::text[], $3::bigint[], $4::uuid[], $5::text[], ",
+            "$6::int[], $7::text[], $8::text[], $9::timestamptz[], $10::bytea[], $11::bytea[])"
+        )
+    };
+}
+
+/// The events alone, or with the side rows of their personal members: a data-modifying
+/// `WITH` runs both in one statement, so they commit (or fail) together, and the foreign key
+/// sees the events, as it is checked at the statement's end.
+const INSERT_EVENTS: &str = insert_events!("");
+const INSERT_EVENTS_WITH_PERSONAL: &str = insert_events!(
+    "WITH personal AS (INSERT INTO personal_data (event_id, member, value, salt) \
+     SELECT * FROM UNNEST($12::uuid[], $13::text[], $14::text[], $15::bytea[])) "
+);
 
 async fn insert(conn: &mut PgConnection, rows: &[EventRow]) -> Result<(), sqlx::Error> {
     let mut seq = Vec::with_capacity(rows.len());
