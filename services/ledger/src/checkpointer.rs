@@ -50,7 +50,9 @@ pub async fn run_checkpointer(
         // Catch up with everything committed so far.
         loop {
             committed.borrow_and_update();
-            let page = store.read_hashes(frontier.size() + 1, PAGE).await?;
+            let page = store
+                .read_hashes_following(frontier.size() + 1, PAGE)
+                .await?;
             // A short page is the end (no second read that finds nothing).
             let at_end = page.len() < PAGE as usize;
             for (_, hash) in &page {

@@ -17,6 +17,7 @@ pub mod merkle_log;
 pub mod personal;
 mod store;
 pub mod subscription;
+mod tail;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod verify;

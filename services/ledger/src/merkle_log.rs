@@ -81,7 +81,7 @@ impl MerkleLog {
     pub async fn catch_up(&self, store: &EventStore) -> Result<u64, LedgerError> {
         loop {
             let next = self.len() + 1;
-            let page = store.read_hashes(next, PAGE).await?;
+            let page = store.read_hashes_following(next, PAGE).await?;
             // A short page is the end (no second read that finds nothing).
             let at_end = page.len() < PAGE as usize;
             if let Ok(mut tree) = self.tree.write() {

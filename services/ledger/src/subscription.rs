@@ -1,7 +1,9 @@
 //! Catch-up subscriptions: read the ledger from a position, then follow it live.
 //!
-//! Events always come from the database in seq order, so a subscriber never sees a gap
-//! or a reordering, whatever the writer does; the writer's commit signal only wakes it.
+//! Events always come in seq order, as committed: from the writer's tail of what this
+//! process committed recently (the very rows it inserted), else from the database. So a
+//! subscriber never sees a gap or a reordering, whatever the writer does; the writer's
+//! commit signal only wakes it.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -63,7 +65,7 @@ impl Subscription {
             }
             // Marked seen before the read: a commit after this point wakes the next wait.
             self.committed.borrow_and_update();
-            let page = self.store.read_all(self.next_seq, PAGE).await?;
+            let page = self.store.read_following(self.next_seq, PAGE).await?;
             self.at_end = page.len() < PAGE as usize;
             if let Some(last) = page.last() {
                 self.next_seq = last.seq + 1;

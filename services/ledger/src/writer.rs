@@ -11,6 +11,7 @@
 //! not.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot, watch};
@@ -18,8 +19,11 @@ use tokio::task::JoinHandle;
 
 use crate::error::LedgerError;
 use crate::event::ledger_now;
-use crate::store::plan::{Head, Plan, RequestOutcome, StreamAppend, plan_batch, streams_of};
+use crate::store::plan::{
+    EventRow, Head, Plan, RequestOutcome, StreamAppend, plan_batch, streams_of,
+};
 use crate::store::{Db, InsertError};
+use crate::tail::Tail;
 
 pub(crate) enum WriterMsg {
     Append {
@@ -190,6 +194,8 @@ impl Gatherer {
 /// A batch whose rows are being inserted by a spawned task.
 struct InFlight {
     batch: Vec<Pending>,
+    /// Published to the tail once committed.
+    rows: Arc<Vec<EventRow>>,
     outcomes: Vec<RequestOutcome>,
     started: Instant,
     insert: JoinHandle<Result<(), InsertError>>,
@@ -203,6 +209,7 @@ impl InFlight {
     ) -> (
         Vec<Pending>,
         Vec<RequestOutcome>,
+        Arc<Vec<EventRow>>,
         Instant,
         Result<(), InsertError>,
     ) {
@@ -210,7 +217,7 @@ impl InFlight {
             Some(r) => r,
             None => joined(self.insert.await),
         };
-        (self.batch, self.outcomes, self.started, result)
+        (self.batch, self.outcomes, self.rows, self.started, result)
     }
 }
 
@@ -226,6 +233,7 @@ pub(crate) async fn run(
     db: Db,
     rx: mpsc::Receiver<WriterMsg>,
     committed: watch::Sender<u64>,
+    tail: Arc<Tail>,
     max_batch: usize,
     max_wait: Duration,
     depth: usize,
@@ -306,7 +314,7 @@ pub(crate) async fn run(
             let Some(oldest) = inflight.pop_front() else {
                 break;
             };
-            match finish(&db, &mut cache, oldest, &mut inflight, &committed).await {
+            match finish(&db, &mut cache, oldest, &mut inflight, &committed, &tail).await {
                 Ok(committed_batch) => answers.push(committed_batch),
                 Err(batches) => rolled_back = Some(batches),
             }
@@ -336,16 +344,19 @@ pub(crate) async fn run(
                     answer(batch, outcomes, &committed);
                 } else {
                     let db = db.clone();
+                    let rows = Arc::new(rows);
+                    let inserted = Arc::clone(&rows);
                     let (done, commit) = oneshot::channel();
                     // Only a batch still in flight is waited for: one already answered
                     // has committed, or everything after it was planned again.
                     let after = last_commit.replace(commit).filter(|_| !inflight.is_empty());
                     inflight.push_back(InFlight {
                         batch,
+                        rows,
                         outcomes,
                         started: Instant::now(),
                         insert: tokio::spawn(async move {
-                            let result = db.insert_rows_after(&rows, after).await;
+                            let result = db.insert_rows_after(&inserted, after).await;
                             let _ = done.send(result.is_ok());
                             result
                         }),
@@ -395,17 +406,20 @@ async fn finish(
     f: InFlight,
     later: &mut VecDeque<InFlight>,
     committed: &watch::Sender<u64>,
+    tail: &Tail,
 ) -> Result<(Vec<Pending>, Vec<RequestOutcome>), Vec<Vec<Pending>>> {
-    let (batch, outcomes, started, result) = f.result().await;
+    let (batch, outcomes, rows, started, result) = f.result().await;
     metrics::histogram!("aether_ledger_commit_seconds").record(started.elapsed().as_secs_f64());
     metrics::histogram!("aether_ledger_batch_requests").record(batch.len() as f64);
     if result.is_ok() {
+        // Before the callers are answered and the commit is signalled.
+        tail.publish(rows);
         return Ok((batch, outcomes));
     }
     cache.invalidate();
     let mut rolled_back = Vec::new();
     for f in later.drain(..) {
-        let (batch, _, _, result) = f.result().await;
+        let (batch, _, _, _, result) = f.result().await;
         if !matches!(result, Err(InsertError::PredecessorFailed)) {
             tracing::error!("ledger batch behind a failed one did not roll back as expected");
         }

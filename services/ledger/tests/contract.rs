@@ -116,6 +116,7 @@ contract!(
     personal_data_is_committed_and_redactable_without_breaking_the_chain,
     reads_as_of_a_seq_or_a_time,
     lookup_by_metadata_values_finds_every_match_in_one_query,
+    followers_get_what_the_database_holds_whoever_wrote_it,
 );
 
 async fn appended_events_read_back_chained<F, Fut>(open: F)
@@ -1599,5 +1600,119 @@ async fn postgres_recovers_after_the_server_drops_every_connection() {
     }
     let report = verify_store(s, None, |_| {}).await.unwrap();
     assert!(report.is_ok(), "{:?}", report.failure);
+    h.finish().await;
+}
+
+/// A plan cached while the ledger was nearly empty must not outlive it: every pooled
+/// connection plans each statement for its values and the tables' current size (a cached
+/// sequential-scan plan once made each idempotency lookup read the whole ledger).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_connections_plan_for_the_ledger_as_it_is_now() {
+    use sqlx::Connection;
+
+    const LOOKUP: &str = "SELECT seq FROM events \
+         WHERE (metadata::jsonb ->> 'request_id') = ANY($1) ORDER BY seq";
+    let h = Harness::postgres(StoreConfig::default()).await;
+    let decided = |n: u64| {
+        NewEvent::new("ClearingDecided", json!({"n": n}))
+            .with_metadata(json!({"request_id": format!("r-{n}")}))
+    };
+    // A fresh ledger as autovacuum first sees it, and a connection that looks up in it
+    // often enough for PostgreSQL to consider caching one plan for good.
+    h.raw("ANALYZE events").await.unwrap();
+    h.store
+        .append("clearing/m1", ExpectedVersion::Any, vec![decided(0)])
+        .await
+        .unwrap();
+    let mut conn = h.store.postgres_pool().unwrap().acquire().await.unwrap();
+    let ids = vec!["r-7".to_owned(), "r-x".to_owned()];
+    for _ in 0..10 {
+        sqlx::query(LOOKUP)
+            .bind(&ids)
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap();
+    }
+    // The ledger grows; the same connection looks up again and must not scan it all.
+    h.store
+        .append(
+            "clearing/m1",
+            ExpectedVersion::Any,
+            (1..=3_000).map(decided).collect(),
+        )
+        .await
+        .unwrap();
+    // This backend's scan counts, not yet flushed, do not move inside a transaction.
+    const SCANS: &str = "SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relname = 'events'";
+    let mut tx = conn.begin().await.unwrap();
+    let before: i64 = sqlx::query_scalar(SCANS).fetch_one(&mut *tx).await.unwrap();
+    let found = sqlx::query(LOOKUP)
+        .bind(&ids)
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(found.len(), 1);
+    let after: i64 = sqlx::query_scalar(SCANS).fetch_one(&mut *tx).await.unwrap();
+    assert_eq!(after, before, "the lookup read the whole ledger");
+    tx.commit().await.unwrap();
+    drop(conn);
+    h.finish().await;
+}
+
+/// Followers are served this process's recent commits from memory; what they get must be
+/// what the database holds, byte for byte, with no gap where another process wrote.
+async fn followers_get_what_the_database_holds_whoever_wrote_it<F, Fut>(open: F)
+where
+    F: Fn(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = Harness>,
+{
+    let h = open(StoreConfig::default()).await;
+    let other = EventStore::connect(&h.url, StoreConfig::default())
+        .await
+        .unwrap();
+    let mut sub = h.store.subscribe(1);
+    for round in 0..4u64 {
+        // This process, then another, then this one again: the last batch does not follow
+        // the one before it in this process's memory.
+        for (store, n) in [(&h.store, 3), (&other, 2), (&h.store, 3)] {
+            let mut tasks = Vec::new();
+            for i in 0..n {
+                let s = store.clone();
+                tasks.push(tokio::spawn(async move {
+                    s.append(
+                        &format!("f/{i}"),
+                        ExpectedVersion::Any,
+                        vec![ev("E", round * 10 + i)],
+                    )
+                    .await
+                    .unwrap()
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+        }
+    }
+    let head = head_seq(&h.store).await;
+    assert_eq!(head, 32);
+    let mut followed = Vec::new();
+    while followed.len() < head as usize {
+        let batch = tokio::time::timeout(Duration::from_secs(5), sub.next_batch(100))
+            .await
+            .expect("the subscriber reaches the head")
+            .unwrap();
+        followed.extend(batch);
+    }
+    let stored = h.store.read_all(1, 100).await.unwrap();
+    let json = |e: &aether_ledger::RecordedEvent| serde_json::to_string(e).unwrap();
+    assert_eq!(
+        followed.iter().map(json).collect::<Vec<_>>(),
+        stored.iter().map(json).collect::<Vec<_>>()
+    );
+    let hashes = h.store.read_hashes_following(1, 100).await.unwrap();
+    let from_db = h.store.read_hashes(1, 100).await.unwrap();
+    assert_eq!(hashes, from_db[..hashes.len()]);
+    assert!(hashes.iter().map(|(s, _)| *s).eq(1..=hashes.len() as u64));
+    other.shutdown().await;
     h.finish().await;
 }

@@ -1,0 +1,224 @@
+//! The events this process committed most recently, kept in memory for the followers
+//! (lineage relays, the Merkle log, the checkpointer) that would otherwise read every one
+//! of them back from the database a moment after the writer inserted it.
+//!
+//! Only committed batches are published, in seq order, by the writer itself. The tail holds
+//! one run of consecutive seqs: a batch that does not continue it (another process wrote
+//! in between, or a batch went in alone after a conflict) starts a new run. So a page read
+//! here is exactly what the database holds at those seqs, though it may end sooner: the
+//! database can hold later events written by other processes, which followers find on their
+//! periodic database read.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use serde_json::value::RawValue;
+
+use crate::event::RecordedEvent;
+use crate::hashing::Hash;
+use crate::store::plan::EventRow;
+
+/// Most events kept.
+const MAX_EVENTS: usize = 65_536;
+/// Most payload and metadata bytes kept (1 MiB payloads would otherwise make 64 GiB).
+const MAX_BYTES: usize = 64 << 20;
+
+/// Recently committed batches, oldest first, their seqs consecutive.
+#[derive(Default)]
+pub(crate) struct Tail {
+    inner: Mutex<Run>,
+}
+
+#[derive(Default)]
+struct Run {
+    batches: VecDeque<Arc<Vec<EventRow>>>,
+    events: usize,
+    bytes: usize,
+}
+
+impl Run {
+    fn first_seq(&self) -> Option<u64> {
+        self.batches.front()?.first().map(|r| r.seq as u64)
+    }
+
+    fn last_seq(&self) -> Option<u64> {
+        self.batches.back()?.last().map(|r| r.seq as u64)
+    }
+
+    /// The rows from `from_seq` on, at most `max`; `None` where the run does not hold
+    /// `from_seq` (empty when it is the seq after the run).
+    fn rows_from(&self, from_seq: u64, max: usize) -> Option<Vec<&EventRow>> {
+        let (first, last) = (self.first_seq()?, self.last_seq()?);
+        if from_seq < first || from_seq > last {
+            return None;
+        }
+        // Batches are consecutive: the one holding `from_seq` is the last starting at or before it.
+        let start = self
+            .batches
+            .partition_point(|b| b.first().is_some_and(|r| r.seq as u64 <= from_seq));
+        let rows = self
+            .batches
+            .range(start.saturating_sub(1)..)
+            .flat_map(|b| b.iter())
+            .skip_while(|r| (r.seq as u64) < from_seq)
+            .take(max)
+            .collect();
+        Some(rows)
+    }
+}
+
+fn bytes_of(rows: &[EventRow]) -> usize {
+    rows.iter()
+        .map(|r| r.payload.len() + r.metadata.len() + r.stream_id.len() + 128)
+        .sum()
+}
+
+impl Tail {
+    /// Adds a committed batch (rows in seq order). Called by the writer after the commit
+    /// and before it signals one.
+    pub(crate) fn publish(&self, rows: Arc<Vec<EventRow>>) {
+        let Some(first) = rows.first().map(|r| r.seq as u64) else {
+            return;
+        };
+        let Ok(mut run) = self.inner.lock() else {
+            return;
+        };
+        if run.last_seq().is_some_and(|last| last + 1 != first) {
+            *run = Run::default();
+        }
+        run.events += rows.len();
+        run.bytes += bytes_of(&rows);
+        run.batches.push_back(rows);
+        // Keep the newest batch even if it alone is over the bounds.
+        while (run.events > MAX_EVENTS || run.bytes > MAX_BYTES) && run.batches.len() > 1 {
+            if let Some(old) = run.batches.pop_front() {
+                run.events -= old.len();
+                run.bytes -= bytes_of(&old);
+            }
+        }
+    }
+
+    /// Up to `max` events from `from_seq` on, if this process committed `from_seq`
+    /// recently; `None` (read the database) otherwise, or when nothing here follows it.
+    pub(crate) fn events_from(&self, from_seq: u64, max: usize) -> Option<Vec<RecordedEvent>> {
+        let run = self.inner.lock().ok()?;
+        let rows = run.rows_from(from_seq, max)?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            // The writer stored exactly this text after producing it as canonical JSON, so
+            // this cannot fail; if it somehow did, the database read decides.
+            let payload = RawValue::from_string(r.payload.clone()).ok()?;
+            let metadata = RawValue::from_string(r.metadata.clone()).ok()?;
+            out.push(RecordedEvent {
+                seq: r.seq as u64,
+                stream_id: r.stream_id.clone(),
+                stream_version: r.stream_version as u64,
+                event_id: r.event_id,
+                event_type: r.event_type.clone(),
+                schema_version: r.schema_version as u32,
+                payload,
+                metadata,
+                recorded_at: r.recorded_at,
+                prev_hash: r.prev_hash,
+                hash: r.hash,
+            });
+        }
+        Some(out)
+    }
+
+    /// Up to `max` `(seq, hash)` pairs from `from_seq` on, as [`Tail::events_from`].
+    pub(crate) fn hashes_from(&self, from_seq: u64, max: usize) -> Option<Vec<(u64, Hash)>> {
+        let run = self.inner.lock().ok()?;
+        let rows = run.rows_from(from_seq, max)?;
+        Some(rows.into_iter().map(|r| (r.seq as u64, r.hash)).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::Utc;
+    use uuid::Uuid;
+
+    fn row(seq: u64) -> EventRow {
+        EventRow {
+            seq: seq as i64,
+            stream_id: format!("s-{seq}"),
+            stream_version: 1,
+            event_id: Uuid::now_v7(),
+            event_type: "Happened".into(),
+            schema_version: 1,
+            payload: format!("{{\"n\":{seq}}}"),
+            metadata: "{}".into(),
+            recorded_at: Utc::now(),
+            prev_hash: [0; 32],
+            hash: [seq as u8; 32],
+            personal: Vec::new(),
+        }
+    }
+
+    fn batch(seqs: std::ops::RangeInclusive<u64>) -> Arc<Vec<EventRow>> {
+        Arc::new(seqs.map(row).collect())
+    }
+
+    fn seqs(events: Option<Vec<RecordedEvent>>) -> Option<Vec<u64>> {
+        events.map(|e| e.into_iter().map(|e| e.seq).collect())
+    }
+
+    #[test]
+    fn pages_cross_batches_and_stop_at_max() {
+        let tail = Tail::default();
+        tail.publish(batch(1..=3));
+        tail.publish(batch(4..=6));
+        tail.publish(batch(7..=7));
+        assert_eq!(seqs(tail.events_from(2, 4)), Some(vec![2, 3, 4, 5]));
+        assert_eq!(seqs(tail.events_from(5, 10)), Some(vec![5, 6, 7]));
+        assert_eq!(seqs(tail.events_from(7, 10)), Some(vec![7]));
+        let e = tail.events_from(5, 1).unwrap().remove(0);
+        assert_eq!(e.payload.get(), "{\"n\":5}");
+        assert_eq!(e.hash, [5; 32]);
+        assert_eq!(
+            tail.hashes_from(6, 5),
+            Some(vec![(6, [6; 32]), (7, [7; 32])])
+        );
+    }
+
+    #[test]
+    fn seqs_outside_the_run_are_left_to_the_database() {
+        let tail = Tail::default();
+        assert!(tail.events_from(1, 10).is_none());
+        tail.publish(batch(10..=12));
+        assert!(tail.events_from(9, 10).is_none());
+        assert!(tail.events_from(13, 10).is_none());
+        assert!(tail.hashes_from(13, 10).is_none());
+    }
+
+    #[test]
+    fn a_batch_that_skips_seqs_starts_a_new_run() {
+        let tail = Tail::default();
+        tail.publish(batch(1..=3));
+        // Seqs 4 and 5 were written by another process.
+        tail.publish(batch(6..=8));
+        assert!(tail.events_from(2, 10).is_none());
+        assert_eq!(seqs(tail.events_from(6, 10)), Some(vec![6, 7, 8]));
+    }
+
+    #[test]
+    fn the_oldest_batches_go_when_the_bounds_are_passed() {
+        let tail = Tail::default();
+        let per = 1_000u64;
+        let batches = MAX_EVENTS as u64 / per + 2;
+        for b in 0..batches {
+            tail.publish(batch(b * per + 1..=(b + 1) * per));
+        }
+        assert!(tail.events_from(1, 1).is_none());
+        let newest = (batches - 1) * per + 1;
+        assert_eq!(seqs(tail.events_from(newest, 1)), Some(vec![newest]));
+        let run = tail.inner.lock().unwrap();
+        assert!(run.events <= MAX_EVENTS);
+        assert_eq!(
+            run.events,
+            run.batches.iter().map(|b| b.len()).sum::<usize>()
+        );
+    }
+}
