@@ -1603,62 +1603,6 @@ async fn postgres_recovers_after_the_server_drops_every_connection() {
     h.finish().await;
 }
 
-/// A plan cached while the ledger was nearly empty must not outlive it: every pooled
-/// connection plans each statement for its values and the tables' current size (a cached
-/// sequential-scan plan once made each idempotency lookup read the whole ledger).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_connections_plan_for_the_ledger_as_it_is_now() {
-    use sqlx::Connection;
-
-    const LOOKUP: &str = "SELECT seq FROM events \
-         WHERE (metadata::jsonb ->> 'request_id') = ANY($1) ORDER BY seq";
-    let h = Harness::postgres(StoreConfig::default()).await;
-    let decided = |n: u64| {
-        NewEvent::new("ClearingDecided", json!({"n": n}))
-            .with_metadata(json!({"request_id": format!("r-{n}")}))
-    };
-    // A fresh ledger as autovacuum first sees it, and a connection that looks up in it
-    // often enough for PostgreSQL to consider caching one plan for good.
-    h.raw("ANALYZE events").await.unwrap();
-    h.store
-        .append("clearing/m1", ExpectedVersion::Any, vec![decided(0)])
-        .await
-        .unwrap();
-    let mut conn = h.store.postgres_pool().unwrap().acquire().await.unwrap();
-    let ids = vec!["r-7".to_owned(), "r-x".to_owned()];
-    for _ in 0..10 {
-        sqlx::query(LOOKUP)
-            .bind(&ids)
-            .fetch_all(&mut *conn)
-            .await
-            .unwrap();
-    }
-    // The ledger grows; the same connection looks up again and must not scan it all.
-    h.store
-        .append(
-            "clearing/m1",
-            ExpectedVersion::Any,
-            (1..=3_000).map(decided).collect(),
-        )
-        .await
-        .unwrap();
-    // This backend's scan counts, not yet flushed, do not move inside a transaction.
-    const SCANS: &str = "SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relname = 'events'";
-    let mut tx = conn.begin().await.unwrap();
-    let before: i64 = sqlx::query_scalar(SCANS).fetch_one(&mut *tx).await.unwrap();
-    let found = sqlx::query(LOOKUP)
-        .bind(&ids)
-        .fetch_all(&mut *tx)
-        .await
-        .unwrap();
-    assert_eq!(found.len(), 1);
-    let after: i64 = sqlx::query_scalar(SCANS).fetch_one(&mut *tx).await.unwrap();
-    assert_eq!(after, before, "the lookup read the whole ledger");
-    tx.commit().await.unwrap();
-    drop(conn);
-    h.finish().await;
-}
-
 /// Followers are served this process's recent commits from memory; what they get must be
 /// what the database holds, byte for byte, with no gap where another process wrote.
 async fn followers_get_what_the_database_holds_whoever_wrote_it<F, Fut>(open: F)

@@ -257,14 +257,10 @@ impl EventStore {
     /// the writer.
     pub async fn connect(url: &str, config: StoreConfig) -> Result<Self, LedgerError> {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            // Every statement planned for its values and the table's current size. A
-            // plan cached by a connection outlives the statistics it was made from: one
-            // made while the ledger was empty (every fresh start) scans the whole table,
-            // and kept doing so for each idempotency lookup until autovacuum's next
-            // ANALYZE (seen: 12.9 ms per lookup instead of 0.14 ms, the gateway at half
-            // its throughput for a whole benchmark run). Planning costs ~0.05 ms.
-            let options = PgConnectOptions::from_str(url)?
-                .options([("plan_cache_mode", "force_custom_plan")]);
+            // No JIT compilation: the ledger's statements are short index probes, and
+            // PostgreSQL's cost guesses on a ledger it has not analysed yet put a batch's
+            // lookup over `jit_above_cost`, so each one spent ~10 ms compiling.
+            let options = PgConnectOptions::from_str(url)?.options([("jit", "off")]);
             let pool = PgPoolOptions::new()
                 .max_connections(config.max_connections)
                 .acquire_timeout(Duration::from_secs(10))
