@@ -75,8 +75,16 @@ fn bytes_of(rows: &[EventRow]) -> usize {
 
 impl Tail {
     /// Adds a committed batch (rows in seq order). Called by the writer after the commit
-    /// and before it signals one.
-    pub(crate) fn publish(&self, rows: Arc<Vec<EventRow>>) {
+    /// and before it signals one, when the insert no longer shares the rows.
+    pub(crate) fn publish(&self, mut rows: Arc<Vec<EventRow>>) {
+        // Personal values live only in the database, where they can be erased; followers
+        // never read them, so they are not kept here. Rows still shared are not kept.
+        let Some(owned) = Arc::get_mut(&mut rows) else {
+            return;
+        };
+        for row in owned.iter_mut() {
+            row.personal = Vec::new();
+        }
         let Some(first) = rows.first().map(|r| r.seq as u64) else {
             return;
         };
@@ -181,6 +189,32 @@ mod tests {
             tail.hashes_from(6, 5),
             Some(vec![(6, [6; 32]), (7, [7; 32])])
         );
+    }
+
+    #[test]
+    fn personal_values_are_not_kept() {
+        let tail = Tail::default();
+        let mut rows = vec![row(1)];
+        rows[0].personal.push(crate::personal::PersonalField {
+            member: "buyer".into(),
+            value: "\"Alice\"".into(),
+            salt: [7; 16],
+        });
+        tail.publish(Arc::new(rows));
+        let run = tail.inner.lock().unwrap();
+        assert_eq!(run.events, 1);
+        assert!(
+            run.batches
+                .iter()
+                .flat_map(|b| b.iter())
+                .all(|r| r.personal.is_empty())
+        );
+        drop(run);
+        // A batch something else still holds is left to the database.
+        let shared = batch(2..=2);
+        let _held = Arc::clone(&shared);
+        tail.publish(shared);
+        assert!(tail.events_from(2, 1).is_none());
     }
 
     #[test]

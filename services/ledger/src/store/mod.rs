@@ -807,3 +807,41 @@ pub fn redact_url(url: &str) -> String {
         _ => url.to_owned(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// What the writer commits reaches the followers' tail, personal values left out, on
+    /// the real write path (a writer that never published would only show as load on the
+    /// database).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn committed_batches_reach_the_followers_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("ledger.db").display());
+        let store = EventStore::connect(&url, StoreConfig::default())
+            .await
+            .unwrap();
+        for n in 0..3 {
+            let mut personal = serde_json::Map::new();
+            personal.insert("buyer".into(), json!("Alice"));
+            let event = NewEvent::new("ClearingDecided", json!({"n": n})).with_personal(personal);
+            store
+                .append("clearing/m1", ExpectedVersion::Any, vec![event])
+                .await
+                .unwrap();
+        }
+        let from_tail = store.inner.tail.events_from(1, 10).expect("kept in memory");
+        let from_db = store.read_all(1, 10).await.unwrap();
+        let json = |e: &RecordedEvent| serde_json::to_string(e).unwrap();
+        assert_eq!(
+            from_tail.iter().map(json).collect::<Vec<_>>(),
+            from_db.iter().map(json).collect::<Vec<_>>()
+        );
+        assert_eq!(from_tail.len(), 3);
+        assert!(!from_tail[0].payload.get().contains("Alice"));
+        store.shutdown().await;
+    }
+}
