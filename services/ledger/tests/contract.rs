@@ -55,6 +55,13 @@ impl Harness {
         }
     }
 
+    /// Another store on the same database, with its own writer: a second Aether process.
+    async fn second_writer(&self) -> EventStore {
+        EventStore::connect(&self.url, StoreConfig::default())
+            .await
+            .unwrap()
+    }
+
     async fn finish(self) {
         self.store.shutdown().await;
         if let Some(pool) = self.store.postgres_pool() {
@@ -964,9 +971,7 @@ where
     // As two Aether processes sharing one ledger database would: each store has its own
     // writer and its own cached view of the chain; the database arbitrates.
     let h = open(StoreConfig::default()).await;
-    let other = EventStore::connect(&h.url, StoreConfig::default())
-        .await
-        .unwrap();
+    let other = h.second_writer().await;
     let acked = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for t in 0..8u64 {
@@ -1611,9 +1616,7 @@ where
     Fut: std::future::Future<Output = Harness>,
 {
     let h = open(StoreConfig::default()).await;
-    let other = EventStore::connect(&h.url, StoreConfig::default())
-        .await
-        .unwrap();
+    let other = h.second_writer().await;
     let mut sub = h.store.subscribe(1);
     for round in 0..4u64 {
         // This process, then another, then this one again: the last batch does not follow
