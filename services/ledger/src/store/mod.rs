@@ -26,7 +26,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{ColumnIndex, Decode, Row, Type};
+use sqlx::{ColumnIndex, Connection, Decode, Row, Type};
 use tokio::sync::{Mutex, mpsc, oneshot, watch};
 use uuid::Uuid;
 
@@ -67,6 +67,11 @@ pub struct StoreConfig {
     /// while N commits, and commits only after it. 1 by default: 2 measured no faster at
     /// 256 appenders and worse in p99 at 5,000 events/s offered (BENCHMARKS.md).
     pub pipeline_depth: usize,
+    /// A pooled PostgreSQL connection idle at least this long is pinged before use, and
+    /// replaced if the server no longer answers it, so that the first append after a
+    /// database restart does not fail on a dead connection. Busy connections are not
+    /// pinged: a ping per query cost a tenth of the gateway's CPU under load.
+    pub ping_idle_after: Duration,
 }
 
 impl Default for StoreConfig {
@@ -79,6 +84,7 @@ impl Default for StoreConfig {
             queue_capacity: 100_000,
             max_connections: 8,
             pipeline_depth: 1,
+            ping_idle_after: Duration::from_secs(1),
         }
     }
 }
@@ -261,13 +267,22 @@ impl EventStore {
             // PostgreSQL's cost guesses on a ledger it has not analysed yet put a batch's
             // lookup over `jit_above_cost`, so each one spent ~10 ms compiling.
             let options = PgConnectOptions::from_str(url)?.options([("jit", "off")]);
+            let ping_idle_after = config.ping_idle_after;
             let pool = PgPoolOptions::new()
                 .max_connections(config.max_connections)
                 .acquire_timeout(Duration::from_secs(10))
                 // No ping before every acquire: it was a round trip per query (a tenth of
-                // the gateway's CPU under load). A connection that failed is closed when
-                // released, so a lost server costs the one query that finds out.
+                // the gateway's CPU under load). Only connections that sat idle are pinged;
+                // one that fails the ping is closed and another taken.
                 .test_before_acquire(false)
+                .before_acquire(move |conn, meta| {
+                    Box::pin(async move {
+                        if meta.idle_for >= ping_idle_after {
+                            conn.ping().await?;
+                        }
+                        Ok(true)
+                    })
+                })
                 .connect_with(options)
                 .await?;
             Self::open_postgres(pool, config).await

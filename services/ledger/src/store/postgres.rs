@@ -488,6 +488,9 @@ pub(crate) async fn seq_at_time(
 mod tests {
     use serde_json::json;
 
+    use sqlx::Connection;
+    use sqlx::postgres::PgConnection;
+
     use super::lookup_sql;
     use crate::testing::TestDatabase;
     use crate::{EventStore, ExpectedVersion, NewEvent, StoreConfig};
@@ -547,6 +550,47 @@ mod tests {
         );
         store.shutdown().await;
         pool.close().await;
+        db.drop_database().await;
+    }
+
+    /// After the server dropped every connection (a restart, a failover, an administrator),
+    /// the next append succeeds: idle connections are pinged and replaced, not used dead.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn appends_survive_the_server_dropping_idle_connections() {
+        let db = TestDatabase::create().await;
+        let config = StoreConfig {
+            ping_idle_after: std::time::Duration::from_millis(50),
+            ..StoreConfig::default()
+        };
+        let store = EventStore::connect(&db.url, config).await.unwrap();
+        let event = |n: u64| NewEvent::new("PolicyIngested", json!({"n": n}));
+        store
+            .append("policy/p", ExpectedVersion::NoStream, vec![event(1)])
+            .await
+            .unwrap();
+
+        let mut admin = PgConnection::connect(&crate::testing::admin_url())
+            .await
+            .unwrap();
+        let dropped: Vec<bool> = sqlx::query_scalar(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = $1 AND pid <> pg_backend_pid()",
+        )
+        .bind(&db.name)
+        .fetch_all(&mut admin)
+        .await
+        .unwrap();
+        assert!(!dropped.is_empty() && dropped.iter().all(|d| *d));
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+
+        let positions = store
+            .append("policy/p", ExpectedVersion::Exact(1), vec![event(2)])
+            .await
+            .expect("the append after the connections were dropped");
+        assert_eq!(positions.last().map(|p| p.stream_version), Some(2));
+        assert_eq!(store.read_all(1, 10).await.unwrap().len(), 2);
+        admin.close().await.unwrap();
+        store.shutdown().await;
         db.drop_database().await;
     }
 }
