@@ -6,6 +6,7 @@
 //! reopen every event with a seq at or below it is skipped. The decisions of a batch are
 //! a subset of the ledger, so seqs increase but are not contiguous.
 
+use std::borrow::Cow;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -19,7 +20,7 @@ use deltalake::arrow::error::ArrowError;
 use deltalake::kernel::transaction::CommitProperties;
 use deltalake::kernel::{PrimitiveType, Transaction};
 use deltalake::writer::{DeltaWriter, RecordBatchWriter};
-use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::delta::{
     DeltaError, META_FIRST_SEQ, META_LAST_SEQ, open_table, to_hex, transaction_version,
@@ -73,28 +74,126 @@ impl std::fmt::Debug for DecisionsSink {
     }
 }
 
+/// The members of a decision's payload that make its row, borrowed from the event's
+/// canonical text. Read straight from the text rather than through a `serde_json::Value`
+/// tree: building that tree (a map and a string per member) was most of this table's
+/// encoding cost. Each member is kept as its raw JSON, so that a member of an unexpected
+/// type still fills its column (as its JSON text) rather than failing the row.
+#[derive(Default, serde::Deserialize)]
+#[serde(default)]
+struct DecisionPayload<'a> {
+    #[serde(borrow)]
+    member: Option<&'a RawValue>,
+    #[serde(borrow)]
+    request_id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    decision: Option<&'a RawValue>,
+    #[serde(borrow)]
+    score: Option<&'a RawValue>,
+    #[serde(borrow)]
+    confidence: Option<&'a RawValue>,
+    #[serde(borrow)]
+    trade: Option<&'a RawValue>,
+    #[serde(borrow)]
+    model_ref: Option<&'a RawValue>,
+    #[serde(borrow)]
+    model_digest: Option<&'a RawValue>,
+    #[serde(borrow)]
+    model_stage: Option<&'a RawValue>,
+    #[serde(borrow)]
+    rules_fired: Option<&'a RawValue>,
+    #[serde(borrow)]
+    cited_clauses: Option<&'a RawValue>,
+    #[serde(borrow)]
+    snapshot_id: Option<&'a RawValue>,
+}
+
+/// The trade inside a decision's payload.
+#[derive(Default, serde::Deserialize)]
+#[serde(default)]
+struct TradeMembers<'a> {
+    #[serde(borrow)]
+    buyer: Option<&'a RawValue>,
+    #[serde(borrow)]
+    seller: Option<&'a RawValue>,
+    #[serde(borrow)]
+    currency: Option<&'a RawValue>,
+    #[serde(borrow)]
+    amount_minor: Option<&'a RawValue>,
+    #[serde(borrow)]
+    jurisdiction: Option<&'a RawValue>,
+}
+
+/// The metadata member the table reads.
+#[derive(Default, serde::Deserialize)]
+#[serde(default)]
+struct DecisionMetadata<'a> {
+    #[serde(borrow)]
+    trace_id: Option<&'a RawValue>,
+}
+
 /// One event's row values, read once.
 struct Row<'a> {
     event: &'a RecordedEvent,
-    payload: Value,
-    metadata: Value,
+    payload: DecisionPayload<'a>,
+    trade: TradeMembers<'a>,
+    metadata: DecisionMetadata<'a>,
 }
 
-impl Row<'_> {
-    /// The payload member at `path` (object keys, outermost first).
-    fn member(&self, path: &[&str]) -> Option<&Value> {
-        // Walked key by key: `Value::pointer` allocates two strings per path segment, and
-        // that was most of this table's encoding cost.
-        path.iter()
-            .try_fold(&self.payload, |value, key| value.get(key))
-    }
-
-    fn text(&self, path: &[&str]) -> String {
-        match self.member(path) {
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Null) | None => String::new(),
-            Some(other) => other.to_string(),
+impl<'a> Row<'a> {
+    fn of(event: &'a RecordedEvent) -> Self {
+        // A payload the ledger accepted is a JSON object; anything unreadable leaves the
+        // row's members empty rather than stopping the table.
+        let payload: DecisionPayload<'a> =
+            serde_json::from_str(event.payload.get()).unwrap_or_default();
+        let trade = payload
+            .trade
+            .and_then(|t| serde_json::from_str(t.get()).ok())
+            .unwrap_or_default();
+        let metadata = serde_json::from_str(event.metadata.get()).unwrap_or_default();
+        Row {
+            event,
+            payload,
+            trade,
+            metadata,
         }
+    }
+}
+
+/// A member as column text: a string as itself, null or absent as empty, anything else as
+/// its JSON text.
+fn text<'a>(member: Option<&'a RawValue>) -> Cow<'a, str> {
+    let Some(raw) = member else {
+        return Cow::Borrowed("");
+    };
+    match raw.get() {
+        "null" => Cow::Borrowed(""),
+        // Borrowed unless it has escapes to undo.
+        json if json.starts_with('"') => match serde_json::from_str::<&'a str>(json) {
+            Ok(s) => Cow::Borrowed(s),
+            Err(_) => serde_json::from_str::<String>(json).map_or(Cow::Borrowed(json), Cow::Owned),
+        },
+        json => Cow::Borrowed(json),
+    }
+}
+
+/// A member as a column number: NaN unless it is a JSON number.
+fn number(member: Option<&RawValue>) -> f64 {
+    member
+        .and_then(|raw| serde_json::from_str::<f64>(raw.get()).ok())
+        .unwrap_or(f64::NAN)
+}
+
+/// A member as its JSON text (`null` when absent).
+fn json_text(member: Option<&RawValue>) -> &str {
+    member.map_or("null", RawValue::get)
+}
+
+/// A member as a string, empty unless it is a JSON string.
+fn string_only<'a>(member: Option<&'a RawValue>) -> Cow<'a, str> {
+    match member.map(RawValue::get) {
+        Some(json) if json.starts_with('"') => text(member),
+        _ => Cow::Borrowed(""),
     }
 }
 
@@ -132,11 +231,7 @@ impl DecisionsSink {
         let rows: Vec<Row<'_>> = events
             .iter()
             .filter(|e| e.seq > self.last_seq && e.event_type == CLEARING_DECIDED)
-            .map(|e| Row {
-                event: e,
-                payload: e.payload_value().unwrap_or_default(),
-                metadata: e.metadata_value().unwrap_or_default(),
-            })
+            .map(Row::of)
             .collect();
         let Some(first) = rows.first() else {
             // No decision in this stretch of the ledger: nothing to commit. The next commit's
@@ -167,9 +262,9 @@ impl DecisionsSink {
     }
 }
 
-fn to_record_batch(
+fn to_record_batch<'a>(
     writer: &RecordBatchWriter,
-    rows: &[Row<'_>],
+    rows: &'a [Row<'a>],
 ) -> Result<RecordBatch, DeltaError> {
     let schema = writer.arrow_schema();
     let tz = match schema.field_with_name("recorded_at")?.data_type() {
@@ -181,13 +276,16 @@ fn to_record_batch(
             .into());
         }
     };
-    let strings = |f: &dyn Fn(&Row<'_>) -> String| -> ArrayRef {
+    let strings = |f: &dyn Fn(&'a Row<'a>) -> Cow<'a, str>| -> ArrayRef {
         Arc::new(StringArray::from_iter_values(rows.iter().map(f)))
     };
-    let floats = |key: &str| -> ArrayRef {
-        Arc::new(Float64Array::from_iter_values(rows.iter().map(|r| {
-            r.member(&[key]).and_then(Value::as_f64).unwrap_or(f64::NAN)
-        })))
+    let owned = |f: &dyn Fn(&Row<'_>) -> String| -> ArrayRef {
+        Arc::new(StringArray::from_iter_values(rows.iter().map(f)))
+    };
+    let floats = |f: &dyn Fn(&'a Row<'a>) -> Option<&'a RawValue>| -> ArrayRef {
+        Arc::new(Float64Array::from_iter_values(
+            rows.iter().map(|r| number(f(r))),
+        ))
     };
     let columns: Vec<ArrayRef> = schema
         .fields()
@@ -198,37 +296,32 @@ fn to_record_batch(
                     rows.iter()
                         .map(|r| i64::try_from(r.event.seq).unwrap_or(i64::MAX)),
                 )),
-                "event_id" => strings(&|r| r.event.event_id.to_string()),
-                "hash" => strings(&|r| to_hex(&r.event.hash)),
+                "event_id" => owned(&|r| r.event.event_id.to_string()),
+                "hash" => owned(&|r| to_hex(&r.event.hash)),
                 "recorded_at" => Arc::new(
                     TimestampMicrosecondArray::from_iter_values(
                         rows.iter().map(|r| r.event.recorded_at.timestamp_micros()),
                     )
                     .with_timezone_opt(tz.clone()),
                 ),
-                "member" => strings(&|r| r.text(&["member"])),
-                "request_id" => strings(&|r| r.text(&["request_id"])),
-                "decision" => strings(&|r| r.text(&["decision"])),
-                "score" => floats("score"),
-                "confidence" => floats("confidence"),
-                "buyer" => strings(&|r| r.text(&["trade", "buyer"])),
-                "seller" => strings(&|r| r.text(&["trade", "seller"])),
-                "currency" => strings(&|r| r.text(&["trade", "currency"])),
-                "amount_minor" => strings(&|r| r.text(&["trade", "amount_minor"])),
-                "jurisdiction" => strings(&|r| r.text(&["trade", "jurisdiction"])),
-                "model_ref" => strings(&|r| r.text(&["model_ref"])),
-                "model_digest" => strings(&|r| r.text(&["model_digest"])),
-                "model_stage" => strings(&|r| r.text(&["model_stage"])),
-                "rules_fired" => strings(&|r| r.payload["rules_fired"].to_string()),
-                "cited_clauses" => strings(&|r| r.payload["cited_clauses"].to_string()),
-                "snapshot_id" => strings(&|r| r.text(&["snapshot_id"])),
-                "trace_id" => strings(&|r| {
-                    r.metadata["trace_id"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_owned()
-                }),
-                "date" => strings(&|r| r.event.recorded_at.format("%Y-%m-%d").to_string()),
+                "member" => strings(&|r| text(r.payload.member)),
+                "request_id" => strings(&|r| text(r.payload.request_id)),
+                "decision" => strings(&|r| text(r.payload.decision)),
+                "score" => floats(&|r| r.payload.score),
+                "confidence" => floats(&|r| r.payload.confidence),
+                "buyer" => strings(&|r| text(r.trade.buyer)),
+                "seller" => strings(&|r| text(r.trade.seller)),
+                "currency" => strings(&|r| text(r.trade.currency)),
+                "amount_minor" => strings(&|r| text(r.trade.amount_minor)),
+                "jurisdiction" => strings(&|r| text(r.trade.jurisdiction)),
+                "model_ref" => strings(&|r| text(r.payload.model_ref)),
+                "model_digest" => strings(&|r| text(r.payload.model_digest)),
+                "model_stage" => strings(&|r| text(r.payload.model_stage)),
+                "rules_fired" => strings(&|r| Cow::Borrowed(json_text(r.payload.rules_fired))),
+                "cited_clauses" => strings(&|r| Cow::Borrowed(json_text(r.payload.cited_clauses))),
+                "snapshot_id" => strings(&|r| text(r.payload.snapshot_id)),
+                "trace_id" => strings(&|r| string_only(r.metadata.trace_id)),
+                "date" => owned(&|r| r.event.recorded_at.format("%Y-%m-%d").to_string()),
                 other => {
                     return Err(ArrowError::SchemaError(format!(
                         "the decisions table has an unknown column {other:?}"
@@ -239,4 +332,70 @@ fn to_record_batch(
         })
         .collect::<Result<_, _>>()?;
     Ok(RecordBatch::try_new(schema, columns)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(json: &str) -> Box<RawValue> {
+        RawValue::from_string(json.to_owned()).unwrap()
+    }
+
+    #[test]
+    fn members_become_column_text_whatever_their_type() {
+        assert_eq!(text(None), "");
+        assert_eq!(text(Some(&raw("null"))), "");
+        assert_eq!(text(Some(&raw(r#""bank-a""#))), "bank-a");
+        assert!(matches!(text(Some(&raw(r#""bank-a""#))), Cow::Borrowed(_)));
+        assert_eq!(text(Some(&raw(r#""a\"b\u00e9""#))), "a\"bé");
+        assert_eq!(text(Some(&raw("125000"))), "125000");
+        assert_eq!(text(Some(&raw("true"))), "true");
+        assert_eq!(text(Some(&raw(r#"{"a":1}"#))), r#"{"a":1}"#);
+        assert_eq!(string_only(Some(&raw("7"))), "");
+        assert_eq!(string_only(Some(&raw(r#""t-1""#))), "t-1");
+        assert_eq!(json_text(None), "null");
+        assert_eq!(json_text(Some(&raw(r#"["r1","r2"]"#))), r#"["r1","r2"]"#);
+        assert_eq!(number(Some(&raw("0.25"))), 0.25);
+        assert_eq!(number(Some(&raw("3"))), 3.0);
+        assert!(number(Some(&raw(r#""0.25""#))).is_nan());
+        assert!(number(None).is_nan());
+    }
+
+    #[test]
+    fn a_row_reads_nested_trade_members_and_tolerates_odd_payloads() {
+        let event = |payload: &str, metadata: &str| RecordedEvent {
+            seq: 7,
+            stream_id: "clearing/bank-a".into(),
+            stream_version: 1,
+            event_id: uuid::Uuid::nil(),
+            event_type: CLEARING_DECIDED.into(),
+            schema_version: 1,
+            payload: raw(payload),
+            metadata: raw(metadata),
+            recorded_at: chrono::DateTime::UNIX_EPOCH,
+            prev_hash: [0; 32],
+            hash: [1; 32],
+        };
+        let decided = event(
+            r#"{"decision":"cleared","score":0.125,"trade":{"amount_minor":"125000","buyer":"bank-a","currency":"CNY"}}"#,
+            r#"{"trace_id":"t-9"}"#,
+        );
+        let row = Row::of(&decided);
+        assert_eq!(text(row.trade.buyer), "bank-a");
+        assert_eq!(text(row.trade.amount_minor), "125000");
+        assert_eq!(text(row.trade.seller), "");
+        assert_eq!(text(row.payload.decision), "cleared");
+        assert_eq!(number(row.payload.score), 0.125);
+        assert_eq!(string_only(row.metadata.trace_id), "t-9");
+
+        // A trade that is not an object, and metadata with a numeric trace id: empty
+        // members, not a failed table.
+        let odd = event(r#"{"decision":"held","trade":"n/a"}"#, r#"{"trace_id":5}"#);
+        let row = Row::of(&odd);
+        assert_eq!(text(row.payload.decision), "held");
+        assert_eq!(text(row.payload.trade), "n/a");
+        assert_eq!(text(row.trade.buyer), "");
+        assert_eq!(string_only(row.metadata.trace_id), "");
+    }
 }
