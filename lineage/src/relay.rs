@@ -72,20 +72,16 @@ fn map(
     ctx: &MappingContext,
     delta_version: impl Fn(u64) -> Option<i64>,
 ) -> Result<Vec<Mapped>, RelayError> {
+    let mut ctx = ctx.clone();
     events
         .iter()
         .map(|e| {
-            let ctx = MappingContext {
-                delta_version: delta_version(e.seq),
-                ..ctx.clone()
-            };
+            ctx.delta_version = delta_version(e.seq);
             let run_event = to_run_event(e, &ctx)?;
-            let value = serde_json::to_value(&run_event)?;
-            let json = value.to_string();
-            let run_id = value["run"]["runId"]
-                .as_str()
-                .and_then(|s| Uuid::parse_str(s).ok())
-                .unwrap_or_default();
+            let run_id = run_event.run.run_id;
+            // Through a `Value`, whose members are sorted: the stored text keeps one member
+            // order whatever the order of the types' fields.
+            let json = serde_json::to_value(&run_event)?.to_string();
             Ok(Mapped {
                 seq: e.seq as i64,
                 event_id: e.event_id,

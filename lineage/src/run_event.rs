@@ -168,9 +168,9 @@ pub fn to_run_event(event: &RecordedEvent, ctx: &MappingContext) -> Result<RunEv
             recorded_at: event.recorded_at.to_string(),
         });
     }
-    let payload = object(event.payload_value())
-        .map_err(|source| LineageError::Payload { event_id, source })?;
-    let metadata = object(event.metadata_value())
+    let payload =
+        object(event.payload.get()).map_err(|source| LineageError::Payload { event_id, source })?;
+    let metadata = object(event.metadata.get())
         .map_err(|source| LineageError::Metadata { event_id, source })?;
     let change = Change::of(&event.event_type);
 
@@ -242,14 +242,140 @@ fn schema_base_url(url: &str) -> Result<String, LineageError> {
     Ok(parsed.as_str().trim_end_matches('/').to_owned())
 }
 
-/// A payload or metadata object; anything else (the ledger stores objects only) as empty.
-fn object(
-    value: Result<Value, serde_json::Error>,
-) -> Result<Map<String, Value>, serde_json::Error> {
-    Ok(match value? {
-        Value::Object(map) => map,
-        _ => Map::new(),
-    })
+/// Top-level payload and metadata members the mapping reads. Only these are parsed: a
+/// clearing decision's payload is mostly members lineage does not name (its trade, rules,
+/// clauses), and parsing them all into a `Value` tree was a third of the mapping's cost.
+/// Every read goes through [`member`], which checks (in debug builds, so in the tests)
+/// that its key is listed here.
+const READ_MEMBERS: &[&str] = &[
+    "artifact_uri",
+    "baseline",
+    "candidate",
+    "causation_id",
+    "corpus",
+    "corpus_version",
+    "correlation_id",
+    "digest",
+    "error",
+    "hooks",
+    "message",
+    "model_digest",
+    "model_ref",
+    "name",
+    "policy_digest",
+    "policy_hooks",
+    "reason",
+    "ref",
+    "rollout_event_id",
+    "snapshot_id",
+    "trace_id",
+    "traceparent",
+    "uri",
+];
+
+/// The [`READ_MEMBERS`] of a payload or metadata object's JSON text; anything but an object
+/// (the ledger stores objects only) reads as empty. Invalid JSON is an error.
+fn object(json: &str) -> Result<Map<String, Value>, serde_json::Error> {
+    let mut de = serde_json::Deserializer::from_str(json);
+    let kept = serde::de::DeserializeSeed::deserialize(ReadMembers, &mut de)?;
+    de.end()?;
+    Ok(kept)
+}
+
+/// Deserializes an object keeping only [`READ_MEMBERS`]; other members are skipped
+/// unparsed ([`serde::de::IgnoredAny`]).
+struct ReadMembers;
+
+impl<'de> serde::de::DeserializeSeed<'de> for ReadMembers {
+    type Value = Map<String, Value>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for ReadMembers {
+    type Value = Map<String, Value>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut kept = Map::new();
+        while let Some(key) = map.next_key::<MemberName<'de>>()? {
+            if READ_MEMBERS.contains(&key.0.as_ref()) {
+                kept.insert(key.0.into_owned(), map.next_value()?);
+            } else {
+                map.next_value::<serde::de::IgnoredAny>()?;
+            }
+        }
+        Ok(kept)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Ok(Map::new())
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(Map::new())
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(Map::new())
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(Map::new())
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(Map::new())
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(Map::new())
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(Map::new())
+    }
+}
+
+/// A member name, borrowed from the JSON text unless it has escapes.
+struct MemberName<'de>(std::borrow::Cow<'de, str>);
+
+impl<'de> serde::Deserialize<'de> for MemberName<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Name;
+        impl<'de> serde::de::Visitor<'de> for Name {
+            type Value = MemberName<'de>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a member name")
+            }
+
+            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Self::Value, E> {
+                Ok(MemberName(std::borrow::Cow::Borrowed(s)))
+            }
+
+            fn visit_str<E>(self, s: &str) -> Result<Self::Value, E> {
+                Ok(MemberName(std::borrow::Cow::Owned(s.to_owned())))
+            }
+        }
+        d.deserialize_str(Name)
+    }
+}
+
+/// `object[key]`, for a key in [`READ_MEMBERS`] (an unlisted key would never be found in a
+/// payload or metadata object, so the tests catch one).
+fn member<'v>(object: &'v Map<String, Value>, key: &str) -> Option<&'v Value> {
+    debug_assert!(
+        READ_MEMBERS.contains(&key),
+        "{key:?} is read by the mapping but not listed in READ_MEMBERS"
+    );
+    object.get(key)
 }
 
 /// The operation whose run this event reports (see "Run ids" above).
@@ -326,7 +452,7 @@ fn datasets(
         | "EngineDeactivated" => {
             inputs.extend(model_at(payload, "model_ref", &["model_digest", "digest"]));
             for key in ["policy_hooks", "hooks"] {
-                if let Some(Value::Array(hooks)) = payload.get(key) {
+                if let Some(Value::Array(hooks)) = member(payload, key) {
                     inputs.extend(hooks.iter().filter_map(policy));
                 }
             }
@@ -401,7 +527,7 @@ fn dataset(namespace: &str, name: String, version: Option<String>) -> Dataset {
 /// The model named by `payload[key]`: a ref, versioned by the first of the payload's
 /// `digest_keys` present, or an object `{model_ref | ref, model_digest | digest}`.
 fn model_at(payload: &Map<String, Value>, key: &str, digest_keys: &[&str]) -> Option<Dataset> {
-    match payload.get(key)? {
+    match member(payload, key)? {
         Value::Object(model) => {
             let reference = first_text(model, &["model_ref", "ref"])?;
             let digest = first_text(model, &["model_digest", "digest"]);
@@ -451,7 +577,7 @@ fn text(value: &Value) -> Option<String> {
 }
 
 fn text_at(object: &Map<String, Value>, key: &str) -> Option<String> {
-    object.get(key).and_then(text)
+    member(object, key).and_then(text)
 }
 
 fn first_text(object: &Map<String, Value>, keys: &[&str]) -> Option<String> {
@@ -466,7 +592,7 @@ fn id_at(object: &Map<String, Value>, key: &str) -> Option<String> {
 
 /// The trace id of a W3C `traceparent` in the metadata (`00-{trace id}-{span id}-{flags}`).
 fn traceparent_trace_id(metadata: &Map<String, Value>) -> Option<String> {
-    let traceparent = metadata.get("traceparent")?.as_str()?;
+    let traceparent = member(metadata, "traceparent")?.as_str()?;
     let trace_id = traceparent.split('-').nth(1)?;
     let valid = trace_id.len() == 32
         && trace_id
@@ -503,6 +629,29 @@ mod tests {
     }
 
     #[test]
+    fn only_the_members_the_mapping_reads_are_parsed() {
+        let json = r#"{"cited_clauses":[{"clause":"4.2","text":"x"}],"model_ref":"m@r","n":1.5,"name":"p\u00e9","policy_hooks":[{"digest":"d","name":"h"}],"trade":{"buyer":"a","model_ref":"inner"},"w\"x":true}"#;
+        let full: Map<String, Value> = serde_json::from_str(json).unwrap();
+        let kept = object(json).unwrap();
+        let expected: Map<String, Value> = full
+            .into_iter()
+            .filter(|(k, _)| READ_MEMBERS.contains(&k.as_str()))
+            .collect();
+        assert_eq!(kept, expected);
+        assert_eq!(kept.len(), 3);
+        for not_an_object in ["[1,{\"model_ref\":\"x\"}]", "\"s\"", "7", "true", "null"] {
+            assert_eq!(
+                object(not_an_object).unwrap(),
+                Map::new(),
+                "{not_an_object}"
+            );
+        }
+        for invalid in ["{\"model_ref\":", "{} {}", "{\"trade\":[1,}"] {
+            assert!(object(invalid).is_err(), "{invalid}");
+        }
+    }
+
+    #[test]
     fn run_ids_separate_job_and_operation() {
         let a = run_id("engine.activate", "x");
         assert_eq!(a, run_id("engine.activate", "x"));
@@ -513,15 +662,15 @@ mod tests {
 
     #[test]
     fn ids_are_normalized_when_they_are_uuids() {
-        let upper = serde_json::json!({"id": "0191A2B3-C4D5-7E6F-8091-A2B3C4D5E6F7", "other": "req-42", "n": 7});
+        let upper = serde_json::json!({"correlation_id": "0191A2B3-C4D5-7E6F-8091-A2B3C4D5E6F7", "causation_id": "req-42", "rollout_event_id": 7});
         let map = upper.as_object().unwrap();
         assert_eq!(
-            id_at(map, "id").unwrap(),
+            id_at(map, "correlation_id").unwrap(),
             "0191a2b3-c4d5-7e6f-8091-a2b3c4d5e6f7"
         );
-        assert_eq!(id_at(map, "other").unwrap(), "req-42");
-        assert_eq!(id_at(map, "n").unwrap(), "7");
-        assert_eq!(id_at(map, "missing"), None);
+        assert_eq!(id_at(map, "causation_id").unwrap(), "req-42");
+        assert_eq!(id_at(map, "rollout_event_id").unwrap(), "7");
+        assert_eq!(id_at(map, "snapshot_id"), None);
     }
 
     #[test]

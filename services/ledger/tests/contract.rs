@@ -818,7 +818,7 @@ where
         assert!(err.contains("append-only"), "{sql}: {err}");
     }
     if h.store.postgres_pool().is_some() {
-        // CASCADE gets past the personal_data foreign key; the trigger still refuses.
+        // CASCADE (onto the tables that reference events) is refused by the trigger too.
         let err = h
             .raw("TRUNCATE events CASCADE")
             .await

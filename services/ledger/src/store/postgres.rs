@@ -145,8 +145,7 @@ macro_rules! insert_events {
 }
 
 /// The events alone, or with the side rows of their personal members: a data-modifying
-/// `WITH` runs both in one statement, so they commit (or fail) together, and the foreign key
-/// sees the events, as it is checked at the statement's end.
+/// `WITH` runs both in one statement, so they commit (or fail) together.
 const INSERT_EVENTS: &str = insert_events!("");
 const INSERT_EVENTS_WITH_PERSONAL: &str = insert_events!(
     "WITH personal AS (INSERT INTO personal_data (event_id, member, value, salt) \
