@@ -115,6 +115,7 @@ contract!(
     a_failed_batch_does_not_fail_the_batches_behind_it,
     the_database_refuses_updates_and_deletes,
     tampering_is_found_at_the_altered_seq,
+    a_gap_wider_than_a_read_page_is_named,
     checkpoints_are_signed_and_verified,
     shutdown_commits_queued_appends_then_refuses,
     two_writers_on_one_database_keep_one_chain,
@@ -866,6 +867,45 @@ where
         failure.problem
     );
     assert_eq!(report.events_checked, 6);
+    h.finish().await;
+}
+
+/// Verification reads the ledger in fixed seq ranges, several at once; a hole wider than
+/// a range (here 25,000 seqs, the events after seq 3 moved up by a superuser) is still
+/// walked past and named, and the events beyond it are read.
+async fn a_gap_wider_than_a_read_page_is_named<F, Fut>(open: F)
+where
+    F: Fn(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = Harness>,
+{
+    let h = open(StoreConfig::default()).await;
+    h.store
+        .append(
+            "a",
+            ExpectedVersion::Any,
+            (1..=6).map(|n| ev("E", n)).collect(),
+        )
+        .await
+        .unwrap();
+    let tamper = if h.store.postgres_pool().is_some() {
+        "ALTER TABLE events DISABLE TRIGGER events_no_update_delete;
+         UPDATE events SET seq = seq + 25000 WHERE seq >= 4;
+         ALTER TABLE events ENABLE TRIGGER events_no_update_delete;"
+    } else {
+        "DROP TRIGGER events_no_update;
+         UPDATE events SET seq = seq + 25000 WHERE seq >= 4;"
+    };
+    h.raw(tamper).await.unwrap();
+    let report = verify_store(&h.store, None, |_| {}).await.unwrap();
+    let failure = report.failure.expect("the gap is found");
+    assert_eq!(
+        failure.problem,
+        Problem::Gap {
+            expected: 4,
+            found: 25_004
+        }
+    );
+    assert_eq!(report.events_checked, 3);
     h.finish().await;
 }
 
