@@ -218,11 +218,8 @@ impl ChainVerifier {
     }
 }
 
-/// Seqs read per page while verifying.
-const PAGE: u64 = 10_000;
-/// Pages read at once, each on its own connection: one reader left a core idle while it
-/// decoded rows and the database produced the next page.
-const READ_AHEAD: usize = 2;
+/// Events read per page while verifying.
+const PAGE: u32 = 10_000;
 
 /// Walks the whole ledger in `store`. `progress` is called with the number of events
 /// checked so far after each page.
@@ -231,10 +228,30 @@ pub async fn verify_store(
     trusted_key: Option<CheckpointVerifier>,
     mut progress: impl FnMut(u64),
 ) -> Result<VerifyReport, LedgerError> {
-    let head = store.head().await?.map_or(0, |(seq, _)| seq);
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Vec<RecordedEvent>, LedgerError>>(2);
-    // Read ahead while hashing: the database reads and the SM3 work overlap.
-    let reader = tokio::spawn(read_pages(store.clone(), head, tx));
+    // Read ahead while hashing: the database read and the SM3 work overlap.
+    let reader = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut next = 1;
+            loop {
+                let page = store.read_all(next, PAGE).await;
+                let done = match &page {
+                    Ok(p) => match p.last() {
+                        Some(last) => {
+                            next = last.seq + 1;
+                            false
+                        }
+                        None => true,
+                    },
+                    Err(_) => true,
+                };
+                if tx.send(page).await.is_err() || done {
+                    break;
+                }
+            }
+        })
+    };
     let mut verifier = ChainVerifier::new(trusted_key);
     let mut checked = 0u64;
     while let Some(page) = rx.recv().await {
@@ -259,68 +276,6 @@ pub async fn verify_store(
     }
     reader.abort();
     Ok(verifier.report())
-}
-
-/// Sends the ledger's events, page by page in seq order, reading [`READ_AHEAD`] fixed seq
-/// ranges at once. Goes on past `head` (the head when verification started) until a range
-/// comes back empty; an empty range at or below it (a gap in a damaged ledger) is skipped
-/// by asking where the events resume, so the verifier sees what is there and names the gap.
-async fn read_pages(
-    store: EventStore,
-    head: u64,
-    tx: tokio::sync::mpsc::Sender<Result<Vec<RecordedEvent>, LedgerError>>,
-) {
-    let mut next = 1u64;
-    let mut reads = std::collections::VecDeque::new();
-    loop {
-        while reads.len() < READ_AHEAD {
-            let (store, from) = (store.clone(), next);
-            let to = from.saturating_add(PAGE);
-            reads.push_back((
-                from,
-                tokio::spawn(async move { store.read_range(from, to).await }),
-            ));
-            next = to;
-        }
-        let Some((from, read)) = reads.pop_front() else {
-            return;
-        };
-        let page = match read.await {
-            Ok(page) => page,
-            Err(e) => Err(LedgerError::CommitFailed(format!(
-                "verifier read failed: {e}"
-            ))),
-        };
-        match page {
-            Ok(page) if page.is_empty() => {
-                if from > head {
-                    return;
-                }
-                for (_, read) in reads.drain(..) {
-                    read.abort();
-                }
-                match store.read_all(from, 1).await {
-                    Ok(rest) => match rest.first() {
-                        Some(event) => next = event.seq,
-                        None => return,
-                    },
-                    Err(e) => {
-                        let _ = tx.send(Err(e)).await;
-                        return;
-                    }
-                }
-            }
-            Ok(page) => {
-                if tx.send(Ok(page)).await.is_err() {
-                    return;
-                }
-            }
-            Err(e) => {
-                let _ = tx.send(Err(e)).await;
-                return;
-            }
-        }
-    }
 }
 
 /// Recomputes every event's hash from its own fields and stored `prev_hash`, using all

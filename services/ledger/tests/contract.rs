@@ -870,9 +870,8 @@ where
     h.finish().await;
 }
 
-/// Verification reads the ledger in fixed seq ranges, several at once; a hole wider than
-/// a range (here 25,000 seqs, the events after seq 3 moved up by a superuser) is still
-/// walked past and named, and the events beyond it are read.
+/// A hole wider than the verifier's read page (here 25,000 seqs: the events after seq 3
+/// moved up by a superuser) is named with the seq where the events resume.
 async fn a_gap_wider_than_a_read_page_is_named<F, Fut>(open: F)
 where
     F: Fn(StoreConfig) -> Fut,

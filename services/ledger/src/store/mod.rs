@@ -460,19 +460,6 @@ impl EventStore {
         }
     }
 
-    /// The events with `from_seq <= seq < to_seq`, in seq order (the verifier reads
-    /// fixed ranges so that it can read several at once).
-    pub(crate) async fn read_range(
-        &self,
-        from_seq: u64,
-        to_seq: u64,
-    ) -> Result<Vec<RecordedEvent>, LedgerError> {
-        match &self.inner.db {
-            Db::Postgres(p) => postgres::read_range(p, from_seq, to_seq).await,
-            Db::Sqlite(p) => sqlite::read_range(p, from_seq, to_seq).await,
-        }
-    }
-
     /// Up to `limit` events of one stream, starting at `from_version` (inclusive) and going
     /// `direction`; `u64::MAX` with [`Direction::Backward`] starts at the end.
     pub async fn read_stream(

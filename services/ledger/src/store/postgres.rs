@@ -239,22 +239,6 @@ pub(crate) async fn read_all(
         .collect()
 }
 
-/// Events with `from_seq <= seq < to_seq`, in seq order.
-pub(crate) async fn read_range(
-    pool: &PgPool,
-    from_seq: u64,
-    to_seq: u64,
-) -> Result<Vec<RecordedEvent>, LedgerError> {
-    sqlx::query(select_events!("WHERE seq >= $1 AND seq < $2 ORDER BY seq"))
-        .bind(seq_param(from_seq))
-        .bind(seq_param(to_seq))
-        .fetch_all(pool)
-        .await?
-        .iter()
-        .map(event)
-        .collect()
-}
-
 pub(crate) async fn read_stream(
     pool: &PgPool,
     stream_id: &str,
