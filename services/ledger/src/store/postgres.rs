@@ -402,7 +402,7 @@ pub(crate) async fn query(
                 "metadata member {key:?} cannot be filtered on"
             )));
         };
-        q.push(format!(" AND (metadata::jsonb ->> '{key}') = "))
+        q.push(format!(" AND (metadata::json ->> '{key}') = "))
             .push_bind(value);
     }
     q.push(match cursor {
@@ -453,7 +453,7 @@ fn lookup_sql(key: &str) -> String {
         concat!(
             "SELECT e.* FROM (SELECT DISTINCT v FROM UNNEST($1::text[]) AS u(v)) AS r ",
             "CROSS JOIN LATERAL (",
-            select_events!("WHERE (metadata::jsonb ->> '{}') = r.v OFFSET 0"),
+            select_events!("WHERE (metadata::json ->> '{}') = r.v OFFSET 0"),
             ") AS e ORDER BY e.seq"
         ),
         key
