@@ -16,7 +16,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 use uuid::Uuid;
 
-use crate::{LineageError, MappingContext, job_name, to_run_event};
+use crate::{LineageError, MappingContext, job_name};
 
 /// Name of the relay's cursor in the ledger's subscription positions.
 pub const OPENLINEAGE_CURSOR: &str = "lineage-openlineage";
@@ -73,11 +73,12 @@ fn map(
     delta_version: impl Fn(u64) -> Option<i64>,
 ) -> Result<Vec<Mapped>, RelayError> {
     let mut ctx = ctx.clone();
+    let base = crate::run_event::schema_base_url(&ctx.schema_base_url)?;
     events
         .iter()
         .map(|e| {
             ctx.delta_version = delta_version(e.seq);
-            let run_event = to_run_event(e, &ctx)?;
+            let run_event = crate::run_event::to_run_event_under(e, &ctx, &base)?;
             let run_id = run_event.run.run_id;
             // Through a `Value`, whose members are sorted: the stored text keeps one member
             // order whatever the order of the types' fields.

@@ -159,7 +159,16 @@ pub fn run_id(job: &str, operation: &str) -> Uuid {
 /// The OpenLineage run event of one ledger event. Pure and deterministic; any payload and
 /// metadata objects map (fields the mapping reads are optional).
 pub fn to_run_event(event: &RecordedEvent, ctx: &MappingContext) -> Result<RunEvent, LineageError> {
-    let schema_base_url = schema_base_url(&ctx.schema_base_url)?;
+    to_run_event_under(event, ctx, &schema_base_url(&ctx.schema_base_url)?)
+}
+
+/// [`to_run_event`] under a schema base URL already checked by [`schema_base_url`]: the
+/// relay checks it once per page rather than parsing the same URL for every event.
+pub(crate) fn to_run_event_under(
+    event: &RecordedEvent,
+    ctx: &MappingContext,
+    schema_base_url: &str,
+) -> Result<RunEvent, LineageError> {
     let event_id = event.event_id;
     let year = event.recorded_at.year();
     if !(0..=9999).contains(&year) {
@@ -178,7 +187,7 @@ pub fn to_run_event(event: &RecordedEvent, ctx: &MappingContext) -> Result<RunEv
     let ledger = AetherLedgerRunFacet::new(
         event,
         PRODUCER,
-        &schema_base_url,
+        schema_base_url,
         text_at(&metadata, "snapshot_id").or_else(|| text_at(&payload, "snapshot_id")),
         text_at(&metadata, "trace_id").or_else(|| traceparent_trace_id(&metadata)),
     );
@@ -224,7 +233,7 @@ pub fn to_run_event(event: &RecordedEvent, ctx: &MappingContext) -> Result<RunEv
 
 /// The base URL checked (absolute http(s), a host, no query or fragment) and normalized
 /// (as `url` writes it, no trailing `/`), so that the schema URL built on it is a valid URI.
-fn schema_base_url(url: &str) -> Result<String, LineageError> {
+pub(crate) fn schema_base_url(url: &str) -> Result<String, LineageError> {
     let refuse = |reason: String| LineageError::SchemaBaseUrl {
         url: url.to_owned(),
         reason,
