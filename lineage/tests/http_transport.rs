@@ -10,12 +10,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aether_ledger::EventStore;
-use aether_lineage::MappingContext;
 use aether_lineage::http_transport::{
     ENV_API_KEY, ENV_DISABLED, ENV_ENDPOINT, ENV_TIMEOUT, ENV_URL, HTTP_CURSOR,
     HttpTransportConfig, rejections, run_http_relay,
 };
-use aether_lineage::relay::{DeltaVersions, reconcile, record, run_openlineage_relay_with};
+use aether_lineage::relay::{reconcile, record};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use serde_json::Value;
@@ -23,66 +22,12 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 mod support;
-use support::{TempData, append_policies as append, open_sqlite_ledger as open};
+use support::{
+    Running, TempData, append_policies as append, open_sqlite_ledger as open, start_openlineage,
+    wait_until, write_records,
+};
 
 const API_KEY: &str = "test-key-0123";
-
-/// Polls `done` every 20 ms for up to 30 s.
-async fn wait_until<F, Fut>(what: &str, mut done: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !done().await {
-        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// A running relay task and its stop switch.
-struct Running {
-    stop: watch::Sender<bool>,
-    task: JoinHandle<Result<(), aether_lineage::relay::RelayError>>,
-}
-
-impl Running {
-    async fn stop(self) {
-        self.stop.send(true).expect("relay running");
-        tokio::time::timeout(Duration::from_secs(10), self.task)
-            .await
-            .expect("the relay stops promptly")
-            .expect("relay task")
-            .expect("relay result");
-    }
-}
-
-fn start_openlineage(store: &EventStore) -> Running {
-    let (stop, rx) = watch::channel(false);
-    // No Delta sink here: records without Delta versions.
-    let task = tokio::spawn(run_openlineage_relay_with(
-        store.clone(),
-        MappingContext::new(support::BASE),
-        None,
-        DeltaVersions::None,
-        rx,
-    ));
-    Running { stop, task }
-}
-
-/// Writes the OpenLineage record of every event up to the head, as `aether serve` does.
-async fn write_records(store: &EventStore) {
-    let relay = start_openlineage(store);
-    wait_until("every event has its OpenLineage record", || async {
-        reconcile(store)
-            .await
-            .expect("reconcile")
-            .missing_openlineage
-            .is_empty()
-    })
-    .await;
-    relay.stop().await;
-}
 
 /// The transport's configuration for `base`, read as from the environment, with short
 /// waits so the tests do not sit in 30 s backoffs.

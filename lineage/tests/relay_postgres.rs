@@ -3,42 +3,12 @@
 //! cursor writes nothing twice, and the records table takes the cheap write path of
 //! migration 0009 (no per-row foreign-key lock on `events`, LZ4 for the JSON).
 
-use std::time::Duration;
-
 use aether_ledger::testing::TestDatabase;
 use aether_ledger::{EventStore, StoreConfig};
-use aether_lineage::MappingContext;
-use aether_lineage::relay::{DeltaVersions, reconcile, record, run_openlineage_relay_with};
-use tokio::sync::watch;
+use aether_lineage::relay::record;
 
 mod support;
-use support::append_policies as append;
-
-/// Runs the relay until every event has its record, then stops it.
-async fn relay_until_caught_up(store: &EventStore) {
-    let (stop, rx) = watch::channel(false);
-    let task = tokio::spawn(run_openlineage_relay_with(
-        store.clone(),
-        MappingContext::new(support::BASE),
-        None,
-        DeltaVersions::None,
-        rx,
-    ));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let report = reconcile(store).await.expect("reconcile");
-        if report.missing_openlineage.is_empty() {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "records never written: {report:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    stop.send(true).expect("relay running");
-    task.await.expect("relay task").expect("relay result");
-}
+use support::{append_policies as append, write_records};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_event_gets_one_record_on_postgres() {
@@ -49,9 +19,9 @@ async fn every_event_gets_one_record_on_postgres() {
     let pool = store.postgres_pool().expect("a PostgreSQL ledger").clone();
 
     append(&store, 1, 40).await;
-    relay_until_caught_up(&store).await;
+    write_records(&store).await;
     append(&store, 41, 15).await;
-    relay_until_caught_up(&store).await;
+    write_records(&store).await;
 
     let count: i64 = sqlx::query_scalar("SELECT count(*) FROM lineage_records")
         .fetch_one(&pool)

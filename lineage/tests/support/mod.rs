@@ -7,13 +7,19 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use aether_ledger::RecordedEvent;
+use std::time::Duration;
+
 use aether_ledger::hashing::{GENESIS_PREV_HASH, HashedFields, canonical_json, event_hash};
+use aether_ledger::{EventStore, RecordedEvent};
+use aether_lineage::MappingContext;
+use aether_lineage::relay::{DeltaVersions, reconcile, run_openlineage_relay_with};
 use aether_lineage::schema::OpenLineageSchemas;
 use aether_lineage::{AETHER_LEDGER_FACET_SCHEMA, aether_ledger_facet_schema};
 use chrono::{DateTime, TimeZone, Utc};
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 /// The schema base URL the tests map with.
@@ -274,4 +280,61 @@ pub async fn append_policies(store: &aether_ledger::EventStore, from: u64, n: u6
             .await
             .expect("append");
     }
+}
+
+/// Polls `done` every 20 ms for up to 30 s.
+pub async fn wait_until<F, Fut>(what: &str, mut done: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !done().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A running relay task and its stop switch.
+pub struct Running {
+    pub stop: watch::Sender<bool>,
+    pub task: JoinHandle<Result<(), aether_lineage::relay::RelayError>>,
+}
+
+impl Running {
+    pub async fn stop(self) {
+        self.stop.send(true).expect("relay running");
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("the relay stops promptly")
+            .expect("relay task")
+            .expect("relay result");
+    }
+}
+
+pub fn start_openlineage(store: &EventStore) -> Running {
+    let (stop, rx) = watch::channel(false);
+    // No Delta sink here: records without Delta versions.
+    let task = tokio::spawn(run_openlineage_relay_with(
+        store.clone(),
+        MappingContext::new(BASE),
+        None,
+        DeltaVersions::None,
+        rx,
+    ));
+    Running { stop, task }
+}
+
+/// Writes the OpenLineage record of every event up to the head, as `aether serve` does.
+pub async fn write_records(store: &EventStore) {
+    let relay = start_openlineage(store);
+    wait_until("every event has its OpenLineage record", || async {
+        reconcile(store)
+            .await
+            .expect("reconcile")
+            .missing_openlineage
+            .is_empty()
+    })
+    .await;
+    relay.stop().await;
 }
