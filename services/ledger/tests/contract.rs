@@ -55,6 +55,20 @@ impl Harness {
         }
     }
 
+    /// Runs `update` on `events` as a superuser would: with the append-only guard switched
+    /// off (PostgreSQL: disabled, then enabled again; SQLite: its trigger dropped).
+    async fn tamper(&self, update: &str) {
+        let sql = if self.store.postgres_pool().is_some() {
+            format!(
+                "ALTER TABLE events DISABLE TRIGGER events_no_update_delete; {update}; \
+                 ALTER TABLE events ENABLE TRIGGER events_no_update_delete;"
+            )
+        } else {
+            format!("DROP TRIGGER events_no_update; {update};")
+        };
+        self.raw(&sql).await.unwrap();
+    }
+
     /// Another store on the same database, with its own writer: a second Aether process.
     async fn second_writer(&self) -> EventStore {
         EventStore::connect(&self.url, StoreConfig::default())
@@ -848,16 +862,9 @@ where
             .unwrap();
     }
     assert!(verify_store(&h.store, None, |_| {}).await.unwrap().is_ok());
-    // As a superuser would: switch the guard off, edit one payload, switch it back on.
-    let tamper = if h.store.postgres_pool().is_some() {
-        "ALTER TABLE events DISABLE TRIGGER events_no_update_delete;
-         UPDATE events SET payload = '{\"n\":700,\"note\":\"contract\"}' WHERE seq = 7;
-         ALTER TABLE events ENABLE TRIGGER events_no_update_delete;"
-    } else {
-        "DROP TRIGGER events_no_update;
-         UPDATE events SET payload = '{\"n\":700,\"note\":\"contract\"}' WHERE seq = 7;"
-    };
-    h.raw(tamper).await.unwrap();
+    // As a superuser would: edit one payload past the guard.
+    h.tamper("UPDATE events SET payload = '{\"n\":700,\"note\":\"contract\"}' WHERE seq = 7")
+        .await;
     let report = verify_store(&h.store, None, |_| {}).await.unwrap();
     let failure = report.failure.expect("tampering detected");
     assert_eq!(failure.seq, 7);
@@ -886,15 +893,8 @@ where
         )
         .await
         .unwrap();
-    let tamper = if h.store.postgres_pool().is_some() {
-        "ALTER TABLE events DISABLE TRIGGER events_no_update_delete;
-         UPDATE events SET seq = seq + 25000 WHERE seq >= 4;
-         ALTER TABLE events ENABLE TRIGGER events_no_update_delete;"
-    } else {
-        "DROP TRIGGER events_no_update;
-         UPDATE events SET seq = seq + 25000 WHERE seq >= 4;"
-    };
-    h.raw(tamper).await.unwrap();
+    h.tamper("UPDATE events SET seq = seq + 25000 WHERE seq >= 4")
+        .await;
     let report = verify_store(&h.store, None, |_| {}).await.unwrap();
     let failure = report.failure.expect("the gap is found");
     assert_eq!(
