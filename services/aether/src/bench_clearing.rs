@@ -1118,7 +1118,7 @@ impl SplitMix {
         self.next() % n.max(1)
     }
 
-    fn unit(&mut self) -> f64 {
+    pub(crate) fn unit(&mut self) -> f64 {
         (self.next() >> 11) as f64 / (1u64 << 53) as f64
     }
 }

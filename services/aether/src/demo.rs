@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use aether_gateway::certs::PkiLayout;
+use aether_gateway::certs::{DevPkiSpec, PkiLayout, init_dev_pki};
 use aether_gateway::client::ClearingClient;
 use aether_gateway::identity::Role;
 use aether_gateway::tls::TlsPaths;
@@ -24,14 +24,22 @@ use clap::Args;
 use serde_json::{Value, json};
 
 use crate::bench_clearing::{
-    MEMBERS, ServeChild, SplitMix, expect, http_request, post_json, setup_engine, trade_request,
-    value_date,
+    ServeChild, SplitMix, expect, http_request, post_json, setup_engine, trade_request, value_date,
 };
 
 /// The candidate's registry ref.
 const CANDIDATE_REF: &str = "aether-anomaly-mlp-v2@reference";
 /// The actor the rollout controller records under.
 const CONTROLLER: &str = "aether:rollout-controller";
+/// How many members trade. A clearing house has many members, each trading now and then:
+/// the model reads a member's trades in the last minute (its velocity), and a few members
+/// trading flat out would push that far past anything in its training data, where the
+/// reference model flags two trades in five and is unsure of most, whichever stage scores
+/// them. Forty members at about one trade a second keep every velocity under about 60 a
+/// minute and give each one-second window about 40 trades.
+const DEMO_MEMBERS: usize = 40;
+/// The mean pause between one member's trades.
+const MEMBER_PAUSE: Duration = Duration::from_secs(1);
 
 #[derive(Args, Debug)]
 pub struct DemoArgs {
@@ -121,12 +129,13 @@ async fn scenario(
     ));
 
     // Traffic first, so the controller's first windows have evidence.
+    let members = issue_member_certs(data)?;
     let yen = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(AtomicU64::new(0));
     let mut traffic = Vec::new();
-    for (i, member) in MEMBERS.iter().copied().cycle().take(8).enumerate() {
-        let client = connect(&server.grpc, data, member).await?;
+    for (i, member) in members.into_iter().enumerate() {
+        let client = connect(&server.grpc, data, &member).await?;
         traffic.push(tokio::spawn(submit_loop(
             client,
             member,
@@ -136,6 +145,9 @@ async fn scenario(
             sent.clone(),
         )));
     }
+    say(&format!(
+        "{DEMO_MEMBERS} members trade over mTLS, each about once a second"
+    ));
     let rollout = json!({
         "baseline": REFERENCE_MODEL_REF,
         "candidate": CANDIDATE_REF,
@@ -235,6 +247,8 @@ async fn watch(
                 }
                 Some("RolledBack") => ended = Some("rolled back"),
                 Some("RolloutPromoted") => ended = Some("promoted"),
+                // A rollback with no snapshot to restore aborts the rollout.
+                Some("RolloutAborted") => ended = Some("aborted"),
                 Some("RolloutWeightSet")
                     if !shifted && event["payload"]["to_weight"].as_u64() >= Some(25) =>
                 {
@@ -288,11 +302,11 @@ async fn connect(grpc: &str, data: &Path, member: &str) -> anyhow::Result<Cleari
     Ok(client)
 }
 
-/// One member's trades, one at a time, until told to stop; after the shift, four in five
-/// are in yen.
+/// One member's trades, about one a second, until told to stop; after the shift, four in
+/// five are in yen.
 async fn submit_loop(
     mut client: ClearingClient,
-    member: &'static str,
+    member: String,
     seed: u64,
     yen: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
@@ -301,8 +315,10 @@ async fn submit_loop(
     let mut rng = SplitMix(seed);
     let date = value_date();
     let mut n = 0u64;
+    // A random start, so that the members do not trade in step.
+    tokio::time::sleep(jittered(&mut rng)).await;
     while !stop.load(Ordering::Relaxed) {
-        let mut request = trade_request(&mut rng, member, &date);
+        let mut request = trade_request(&mut rng, &member, &date);
         if yen.load(Ordering::Relaxed)
             && rng.below(5) != 0
             && let Some(trade) = request.trade.as_mut()
@@ -314,12 +330,30 @@ async fn submit_loop(
             Ok(_) => {
                 sent.fetch_add(1, Ordering::Relaxed);
             }
-            Err(e) => {
-                tracing::warn!(member, error = %e, "a demo trade was refused");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+            Err(e) => tracing::warn!(member, error = %e, "a demo trade was refused"),
         }
+        tokio::time::sleep(jittered(&mut rng)).await;
     }
+}
+
+/// A pause of 0.5 to 1.5 times [`MEMBER_PAUSE`].
+fn jittered(rng: &mut SplitMix) -> Duration {
+    MEMBER_PAUSE.mul_f64(0.5 + rng.unit())
+}
+
+/// Issues the demo members' client certificates from the CA `aether serve` created.
+fn issue_member_certs(data: &Path) -> anyhow::Result<Vec<String>> {
+    let members: Vec<String> = (1..=DEMO_MEMBERS)
+        .map(|i| format!("demo-member-{i:02}"))
+        .collect();
+    let spec = DevPkiSpec {
+        members: members.clone(),
+        workers: Vec::new(),
+        server_names: Vec::new(),
+        force: false,
+    };
+    init_dev_pki(data, &spec).context("cannot issue the demo members' certificates")?;
+    Ok(members)
 }
 
 /// One timeline line for a controller event worth showing.
@@ -380,6 +414,7 @@ fn describe(event: &Value) -> Option<String> {
             p["step"]
         ),
         "RolloutPromoted" => "candidate promoted to 100%".to_owned(),
+        "RolloutAborted" => "rollout aborted".to_owned(),
         _ => return None,
     };
     Some(format!("{line}  [seq {seq}]"))
