@@ -248,7 +248,7 @@ async fn watch(
                 Some("RolledBack") => ended = Some("rolled back"),
                 Some("RolloutPromoted") => ended = Some("promoted"),
                 // A rollback with no snapshot to restore aborts the rollout.
-                Some("RolloutAborted") => ended = Some("aborted"),
+                Some("RolloutAborted") => ended = Some("withdrawn (rollout aborted)"),
                 Some("RolloutWeightSet")
                     if !shifted && event["payload"]["to_weight"].as_u64() >= Some(25) =>
                 {
