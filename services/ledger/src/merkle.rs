@@ -35,6 +35,7 @@
 
 use std::fmt;
 
+use crate::sm3_lanes::sm3_many;
 use sm3::{Digest, Sm3};
 
 /// A 32-byte SM3 digest: an event hash, a leaf hash or an interior node hash.
@@ -476,20 +477,40 @@ impl MerkleTree {
 
     /// Builds the tree over `event_hashes` level by level in O(n) hashes.
     pub fn from_event_hashes(event_hashes: &[Hash]) -> Self {
-        let mut levels = Vec::new();
-        let mut current: Vec<Hash> = event_hashes.iter().map(leaf_hash).collect();
-        while !current.is_empty() {
-            let next: Vec<Hash> = current
-                .chunks_exact(2)
-                .filter_map(|pair| match pair {
-                    [left, right] => Some(node_hash(left, right)),
-                    _ => None,
-                })
-                .collect();
-            levels.push(current);
-            current = next;
+        let mut tree = Self::new();
+        tree.extend(event_hashes);
+        tree
+    }
+
+    /// Appends many event hashes; the same tree as [`push`](Self::push) one by one, but
+    /// each level's new nodes are hashed together on SIMD lanes ([`sm3_many`]).
+    pub fn extend(&mut self, event_hashes: &[Hash]) {
+        let mut messages = Vec::with_capacity(event_hashes.len() * 33);
+        for h in event_hashes {
+            messages.push(LEAF_PREFIX);
+            messages.extend_from_slice(h);
         }
-        Self { levels }
+        let mut added = sm3_many(&messages.chunks(33).collect::<Vec<_>>());
+        let mut level = 0;
+        while !added.is_empty() {
+            if self.levels.len() == level {
+                self.levels.push(Vec::new());
+            }
+            let Some(nodes) = self.levels.get_mut(level) else {
+                return;
+            };
+            let before = nodes.len();
+            nodes.extend(added);
+            // Pairs whose right half is new: their parents are new one level up.
+            messages.clear();
+            for pair in nodes[before / 2 * 2..].chunks_exact(2) {
+                messages.push(NODE_PREFIX);
+                messages.extend_from_slice(&pair[0]);
+                messages.extend_from_slice(&pair[1]);
+            }
+            added = sm3_many(&messages.chunks(65).collect::<Vec<_>>());
+            level += 1;
+        }
     }
 
     /// Appends one event hash; amortised O(1) hashes, at most O(log n).
@@ -963,6 +984,29 @@ mod tests {
             }
             prop_assert_eq!(&appended, &tree);
             prop_assert_eq!(appended.len(), n);
+        }
+
+        /// Extending in chunks of any sizes (verify extends a page at a time, the Merkle
+        /// log a read at a time) gives the tree that pushing one by one gives.
+        #[test]
+        fn extending_in_chunks_equals_pushing(
+            events in event_hashes(0..300),
+            cuts in prop::collection::vec(0usize..300, 0..6),
+        ) {
+            let mut pushed = MerkleTree::new();
+            for e in &events {
+                pushed.push(e);
+            }
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(events.len())).collect();
+            cuts.push(events.len());
+            cuts.sort_unstable();
+            let mut extended = MerkleTree::new();
+            let mut from = 0;
+            for to in cuts {
+                extended.extend(&events[from..to]);
+                from = to;
+            }
+            prop_assert_eq!(&extended, &pushed);
         }
     }
 

@@ -85,13 +85,18 @@ impl MerkleLog {
             // A short page is the end (no second read that finds nothing).
             let at_end = page.len() < PAGE as usize;
             if let Ok(mut tree) = self.tree.write() {
-                for (seq, hash) in page {
-                    // Pages come in seq order from the current length on; anything else
-                    // would be a broken store, which `verify` reports.
-                    if seq == tree.len() + 1 {
-                        tree.push(&hash);
-                    }
-                }
+                // Pages come in seq order from the current length on; anything else would
+                // be a broken store, which `verify` reports. Hashes another catch-up added
+                // meanwhile are skipped; the consecutive rest is added at once.
+                let len = tree.len();
+                let run: Vec<Hash> = page
+                    .iter()
+                    .skip_while(|(seq, _)| *seq <= len)
+                    .zip(len + 1..)
+                    .take_while(|((seq, _), want)| seq == want)
+                    .map(|((_, hash), _)| *hash)
+                    .collect();
+                tree.extend(&run);
             }
             if at_end {
                 return Ok(self.len());

@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::checkpoint::{CheckpointVerifier, SignedCheckpoint};
 use crate::error::LedgerError;
 use crate::event::RecordedEvent;
-use crate::hashing::{GENESIS_PREV_HASH, Hash};
+use crate::hashing::{self, GENESIS_PREV_HASH, Hash};
 use crate::merkle::MerkleTree;
 use crate::store::EventStore;
 
@@ -119,6 +119,26 @@ impl ChainVerifier {
         }
     }
 
+    /// [`push`](Self::push) for consecutive events with their recomputed hashes; the
+    /// page's Merkle leaves and nodes are hashed together first, on SIMD lanes.
+    pub fn push_page(&mut self, events: &[RecordedEvent], computed_hashes: &[Hash]) {
+        if self.failure.is_some() {
+            return;
+        }
+        // Only events that extend the tree from its current size, in order; the checks
+        // below report anything else at the event where it happens.
+        let ahead: Vec<Hash> = events
+            .iter()
+            .zip(self.tree.len() + 1..)
+            .take_while(|(e, seq)| e.seq == *seq)
+            .map(|(e, _)| e.hash)
+            .collect();
+        self.tree.extend(&ahead);
+        for (event, hash) in events.iter().zip(computed_hashes) {
+            self.push(event, *hash);
+        }
+    }
+
     fn check(&mut self, event: &RecordedEvent, computed: Hash) -> Result<(), Problem> {
         if event.seq != self.expected_seq {
             return Err(Problem::Gap {
@@ -146,10 +166,14 @@ impl ChainVerifier {
                 at: event.recorded_at.to_rfc3339(),
             });
         }
-        let version = self
-            .stream_versions
-            .entry(event.stream_id.clone())
-            .or_insert(0);
+        // Look up before inserting: the stream id is copied once per stream, not per event.
+        let version = match self.stream_versions.get_mut(event.stream_id.as_str()) {
+            Some(version) => version,
+            None => self
+                .stream_versions
+                .entry(event.stream_id.clone())
+                .or_insert(0),
+        };
         if event.stream_version != *version + 1 {
             return Err(Problem::StreamVersionGap {
                 stream_id: event.stream_id.clone(),
@@ -161,7 +185,10 @@ impl ChainVerifier {
         if let Some(checkpoint) = SignedCheckpoint::from_event(event) {
             self.check_checkpoint(checkpoint)?;
         }
-        self.tree.push(&event.hash);
+        // `push_page` may have put this event's leaf in the tree already.
+        if self.tree.len() < event.seq {
+            self.tree.push(&event.hash);
+        }
         self.expected_seq += 1;
         self.prev_hash = event.hash;
         self.prev_time = Some(event.recorded_at);
@@ -188,6 +215,12 @@ impl ChainVerifier {
                     reason: e.to_string(),
                 });
             }
+        }
+        // Only the events before the checkpoint count, whatever the tree holds already.
+        if checkpoint.tree_size >= self.expected_seq {
+            return Err(Problem::CheckpointBeyondLog {
+                tree_size: checkpoint.tree_size,
+            });
         }
         let computed =
             self.tree
@@ -233,22 +266,8 @@ pub async fn verify_store(
     let reader = {
         let store = store.clone();
         tokio::spawn(async move {
-            let mut next = 1;
-            loop {
-                let page = store.read_all(next, PAGE).await;
-                let done = match &page {
-                    Ok(p) => match p.last() {
-                        Some(last) => {
-                            next = last.seq + 1;
-                            false
-                        }
-                        None => true,
-                    },
-                    Err(_) => true,
-                };
-                if tx.send(page).await.is_err() || done {
-                    break;
-                }
+            if let Err(e) = store.read_all_into(1, PAGE, &tx).await {
+                let _ = tx.send(Err(e)).await;
             }
         })
     };
@@ -259,16 +278,16 @@ pub async fn verify_store(
         if page.is_empty() {
             break;
         }
-        let (page, hashes) = tokio::task::spawn_blocking(move || {
+        let checking = tokio::task::spawn_blocking(move || {
             let hashes = recompute_hashes(&page);
-            (page, hashes)
-        })
-        .await
-        .map_err(|e| LedgerError::CommitFailed(format!("verifier task failed: {e}")))?;
-        for (event, hash) in page.iter().zip(hashes) {
-            verifier.push(event, hash);
-        }
-        checked += page.len() as u64;
+            verifier.push_page(&page, &hashes);
+            (verifier, page.len())
+        });
+        let (checked_verifier, len) = checking
+            .await
+            .map_err(|e| LedgerError::CommitFailed(format!("verifier task failed: {e}")))?;
+        verifier = checked_verifier;
+        checked += len as u64;
         progress(checked);
         if verifier.failed() {
             break;
@@ -281,21 +300,18 @@ pub async fn verify_store(
 /// Recomputes every event's hash from its own fields and stored `prev_hash`, using all
 /// cores (each hash is independent; links are checked separately).
 pub fn recompute_hashes(events: &[RecordedEvent]) -> Vec<Hash> {
+    let hash = |events: &[RecordedEvent]| {
+        hashing::event_hashes(events.iter().map(|e| (&e.prev_hash, e.hashed_fields())))
+    };
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     if threads < 2 || events.len() < 256 {
-        return events.iter().map(RecordedEvent::computed_hash).collect();
+        return hash(events);
     }
     let chunk = events.len().div_ceil(threads);
     std::thread::scope(|s| {
         let handles: Vec<_> = events
             .chunks(chunk)
-            .map(|c| {
-                s.spawn(move || {
-                    c.iter()
-                        .map(RecordedEvent::computed_hash)
-                        .collect::<Vec<_>>()
-                })
-            })
+            .map(|c| s.spawn(move || hash(c)))
             .collect();
         handles
             .into_iter()

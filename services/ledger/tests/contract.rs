@@ -139,6 +139,8 @@ contract!(
     reads_as_of_a_seq_or_a_time,
     lookup_by_metadata_values_finds_every_match_in_one_query,
     followers_get_what_the_database_holds_whoever_wrote_it,
+    reading_everything_streamed_equals_reading_page_by_page,
+    a_checkpoint_covering_itself_or_later_events_is_refused,
 );
 
 async fn appended_events_read_back_chained<F, Fut>(open: F)
@@ -1701,4 +1703,117 @@ where
     assert!(hashes.iter().map(|(s, _)| *s).eq(1..=hashes.len() as u64));
     other.shutdown().await;
     h.finish().await;
+}
+
+/// `read_all_into` (verify's read: one binary COPY on PostgreSQL) hands over exactly what
+/// paged `read_all` returns, field by field, in pages of the asked size, from any seq.
+async fn reading_everything_streamed_equals_reading_page_by_page<F, Fut>(open: F)
+where
+    F: Fn(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = Harness>,
+{
+    let h = open(StoreConfig::default()).await;
+    for batch in 0..5u64 {
+        let events = (0..500)
+            .map(|i| {
+                let n = batch * 500 + i;
+                NewEvent::new(
+                    "ClearingDecided",
+                    json!({"n": n, "memo": "crédit 清算 \"quoted\"\n", "big": 9_007_199_254_740_991i64}),
+                )
+                .with_metadata(json!({"request_id": format!("r{n}")}))
+            })
+            .collect();
+        h.store
+            .append(
+                &format!("clearing/bank-{batch}"),
+                ExpectedVersion::Any,
+                events,
+            )
+            .await
+            .unwrap();
+    }
+    let paged = h.store.read_all(1, 5_000).await.unwrap();
+    assert_eq!(paged.len(), 2_500);
+    for from in [1u64, 1_001, 2_500, 2_501] {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(8);
+        let reader = {
+            let store = h.store.clone();
+            tokio::spawn(async move { store.read_all_into(from, 1_000, &tx).await })
+        };
+        let mut streamed = Vec::new();
+        let mut sizes = Vec::new();
+        while let Some(page) = rx.recv().await {
+            let page = page.unwrap();
+            sizes.push(page.len());
+            streamed.extend(page);
+        }
+        reader.await.unwrap().unwrap();
+        let want = &paged[(from - 1) as usize..];
+        assert_eq!(streamed.len(), want.len(), "from {from}");
+        assert!(sizes.iter().rev().skip(1).all(|&n| n == 1_000), "{sizes:?}");
+        for (got, want) in streamed.iter().zip(want) {
+            assert_eq!(
+                (got.seq, &got.stream_id, got.stream_version, got.event_id),
+                (
+                    want.seq,
+                    &want.stream_id,
+                    want.stream_version,
+                    want.event_id
+                )
+            );
+            assert_eq!(
+                (&got.event_type, got.schema_version, got.recorded_at),
+                (&want.event_type, want.schema_version, want.recorded_at)
+            );
+            assert_eq!(got.payload.get(), want.payload.get());
+            assert_eq!(got.metadata.get(), want.metadata.get());
+            assert_eq!((got.prev_hash, got.hash), (want.prev_hash, want.hash));
+        }
+    }
+    h.finish().await;
+}
+
+/// A checkpoint may only cover the events before it. Verify builds the Merkle tree a page
+/// ahead, so this is checked by position, not by the tree's size: a correctly signed
+/// checkpoint at seq 6 that claims 6 or 7 events fails as beyond the log.
+async fn a_checkpoint_covering_itself_or_later_events_is_refused<F, Fut>(open: F)
+where
+    F: Fn(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = Harness>,
+{
+    for claimed in [6u64, 7] {
+        let h = open(StoreConfig::default()).await;
+        let signer = CheckpointSigner::generate().unwrap();
+        let trusted = signer.verifier();
+        h.store
+            .append(
+                "a",
+                ExpectedVersion::Any,
+                (1..=5).map(|n| ev("E", n)).collect(),
+            )
+            .await
+            .unwrap();
+        let checkpoint = signer.sign(claimed, [7; 32], chrono::Utc::now());
+        h.store
+            .append(
+                CHECKPOINT_STREAM,
+                ExpectedVersion::Any,
+                vec![checkpoint.to_event()],
+            )
+            .await
+            .unwrap();
+        h.store
+            .append("a", ExpectedVersion::Any, vec![ev("E", 6), ev("E", 7)])
+            .await
+            .unwrap();
+        let report = verify_store(&h.store, Some(trusted), |_| {}).await.unwrap();
+        let failure = report.failure.expect("refused");
+        assert_eq!(failure.seq, 6, "claimed {claimed}");
+        assert_eq!(
+            failure.problem,
+            Problem::CheckpointBeyondLog { tree_size: claimed }
+        );
+        h.finish().await;
+    }
 }
