@@ -141,6 +141,7 @@ contract!(
     followers_get_what_the_database_holds_whoever_wrote_it,
     reading_everything_streamed_equals_reading_page_by_page,
     a_checkpoint_covering_itself_or_later_events_is_refused,
+    a_verify_that_stops_early_leaves_the_store_usable,
 );
 
 async fn appended_events_read_back_chained<F, Fut>(open: F)
@@ -1816,4 +1817,49 @@ where
         );
         h.finish().await;
     }
+}
+
+/// Verify stops reading at the first problem, with most of the ledger still unread (on
+/// PostgreSQL mid-COPY: 60,000 events are six pages, the reader runs at most three ahead).
+/// The store's connections must all still work afterwards; a connection handed back to
+/// the pool mid-COPY failed the next query with a protocol error.
+async fn a_verify_that_stops_early_leaves_the_store_usable<F, Fut>(open: F)
+where
+    F: Fn(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = Harness>,
+{
+    // One connection, so that the verify's is the one every later query gets.
+    let h = open(StoreConfig {
+        max_connections: 1,
+        ..StoreConfig::default()
+    })
+    .await;
+    for batch in 0..120u64 {
+        h.store
+            .append(
+                "a",
+                ExpectedVersion::Any,
+                (0..500).map(|i| ev("E", batch * 500 + i)).collect(),
+            )
+            .await
+            .unwrap();
+    }
+    h.tamper("UPDATE events SET payload = '{\"n\":700,\"note\":\"contract\"}' WHERE seq = 7")
+        .await;
+    for _ in 0..3 {
+        let report = verify_store(&h.store, None, |_| {}).await.unwrap();
+        assert_eq!(report.failure.expect("tampering found").seq, 7);
+        // Give an aborted reader's connection time to go back (or away).
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let first = h.store.read_all(1, 10).await.unwrap();
+        assert_eq!(
+            first.iter().map(|e| e.seq).collect::<Vec<_>>(),
+            (1..=10).collect::<Vec<_>>()
+        );
+        h.store
+            .append("b", ExpectedVersion::Any, vec![ev("E", 1)])
+            .await
+            .unwrap();
+    }
+    h.finish().await;
 }

@@ -10,7 +10,9 @@
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use serde_json::value::RawValue;
-use sqlx::postgres::{PgPool, PgPoolCopyExt};
+use sqlx::Postgres;
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::PgPool;
 use uuid::Uuid;
 
 use crate::error::LedgerError;
@@ -36,7 +38,11 @@ pub(crate) async fn copy_all(
         "COPY ({}WHERE seq >= {from} ORDER BY seq) TO STDOUT (FORMAT binary)",
         select_events!("")
     );
-    let mut chunks = pool.copy_out_raw(&statement).await?;
+    let mut conn = Detaching(Some(pool.acquire().await?));
+    let Some(c) = conn.0.as_mut() else {
+        return Ok(());
+    };
+    let mut chunks = c.copy_out_raw(&statement).await?;
     let mut parser = CopyParser::default();
     let mut page = Vec::with_capacity(page_len);
     while let Some(chunk) = chunks.next().await {
@@ -49,10 +55,32 @@ pub(crate) async fn copy_all(
         }
     }
     parser.finish()?;
+    drop(chunks);
+    // Read to the end: the connection is clean and may serve other queries.
+    conn.release();
     if !page.is_empty() {
         let _ = pages.send(Ok(page)).await;
     }
     Ok(())
+}
+
+/// A pooled connection that is closed, not returned to the pool, unless released: a COPY
+/// left unfinished (an early return, a reader task aborted once verify found a problem)
+/// would hand its leftover rows to the next query on that connection.
+struct Detaching(Option<PoolConnection<Postgres>>);
+
+impl Detaching {
+    fn release(&mut self) {
+        drop(self.0.take());
+    }
+}
+
+impl Drop for Detaching {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.take() {
+            drop(conn.detach());
+        }
+    }
 }
 
 /// Incremental parser of a binary COPY stream of `select_events!` rows.
