@@ -10,6 +10,7 @@ use sm3::{Digest, Sm3};
 
 use crate::hashing::Hash;
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const IV: [u32; 8] = [
     0x7380_166f,
     0x4914_b2b9,
@@ -22,6 +23,7 @@ const IV: [u32; 8] = [
 ];
 
 /// `T_j <<< (j mod 32)` for the 64 rounds.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const T_ROTATED: [u32; 64] = {
     let mut t = [0u32; 64];
     let mut j = 0;
@@ -105,6 +107,7 @@ pub fn sm3_many_on(lanes: Lanes, messages: &[&[u8]]) -> Vec<Hash> {
 }
 
 /// One message's padded blocks: the whole blocks borrowed from it, the padded rest copied.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct Padded<'a> {
     message: &'a [u8],
     whole: usize,
@@ -112,6 +115,7 @@ struct Padded<'a> {
     blocks: usize,
 }
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 impl<'a> Padded<'a> {
     fn new(message: &'a [u8]) -> Self {
         let whole = message.len() / 64;
