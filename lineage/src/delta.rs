@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use aether_ledger::{Hash, RecordedEvent};
 use deltalake::arrow::array::{
-    ArrayRef, Int32Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
+    ArrayRef, Int32Array, Int64Array, RecordBatch, StringBuilder, TimestampMicrosecondArray,
 };
 use deltalake::arrow::datatypes::{DataType as ArrowDataType, TimeUnit};
 use deltalake::arrow::error::ArrowError;
@@ -362,8 +362,24 @@ fn to_record_batch(
             .into());
         }
     };
-    let strings = |f: fn(&RecordedEvent) -> String| -> ArrayRef {
-        Arc::new(StringArray::from_iter_values(events.iter().map(|e| f(e))))
+    // Each text column is built in one buffer sized up front: a commit holds a few
+    // thousand events, and a buffer grown by doubling re-faulted megabytes of fresh pages
+    // for every commit (7.7 % of the gateway's samples under clearing load were page
+    // faults, these buffers among them).
+    let texts = |f: fn(&RecordedEvent) -> &str| -> ArrayRef {
+        let bytes = events.iter().map(|e| f(e).len()).sum();
+        let mut column = StringBuilder::with_capacity(events.len(), bytes);
+        for e in events {
+            column.append_value(f(e));
+        }
+        Arc::new(column.finish())
+    };
+    let strings = |len: usize, f: fn(&RecordedEvent) -> String| -> ArrayRef {
+        let mut column = StringBuilder::with_capacity(events.len(), events.len() * len);
+        for e in events {
+            column.append_value(f(e));
+        }
+        Arc::new(column.finish())
     };
     // Ranges were checked by the caller; saturate rather than panic regardless.
     let longs = |f: fn(&RecordedEvent) -> u64| -> ArrayRef {
@@ -379,26 +395,26 @@ fn to_record_batch(
         .map(|field| -> Result<ArrayRef, DeltaError> {
             Ok(match field.name().as_str() {
                 "seq" => longs(|e| e.seq),
-                "stream_id" => strings(|e| e.stream_id.clone()),
+                "stream_id" => texts(|e| &e.stream_id),
                 "stream_version" => longs(|e| e.stream_version),
-                "event_id" => strings(|e| e.event_id.to_string()),
-                "event_type" => strings(|e| e.event_type.clone()),
+                "event_id" => strings(36, |e| e.event_id.to_string()),
+                "event_type" => texts(|e| &e.event_type),
                 "schema_version" => Arc::new(Int32Array::from_iter_values(
                     events
                         .iter()
                         .map(|e| i32::try_from(e.schema_version).unwrap_or(i32::MAX)),
                 )),
-                "payload" => strings(|e| e.payload.get().to_owned()),
-                "metadata" => strings(|e| e.metadata.get().to_owned()),
+                "payload" => texts(|e| e.payload.get()),
+                "metadata" => texts(|e| e.metadata.get()),
                 "recorded_at" => Arc::new(
                     TimestampMicrosecondArray::from_iter_values(
                         events.iter().map(|e| e.recorded_at.timestamp_micros()),
                     )
                     .with_timezone_opt(tz.clone()),
                 ),
-                "prev_hash" => strings(|e| to_hex(&e.prev_hash)),
-                "hash" => strings(|e| to_hex(&e.hash)),
-                "date" => strings(|e| e.recorded_at.format("%Y-%m-%d").to_string()),
+                "prev_hash" => strings(64, |e| to_hex(&e.prev_hash)),
+                "hash" => strings(64, |e| to_hex(&e.hash)),
+                "date" => strings(10, |e| e.recorded_at.format("%Y-%m-%d").to_string()),
                 other => {
                     return Err(ArrowError::SchemaError(format!(
                         "the events table has an unknown column {other:?}"
