@@ -154,6 +154,10 @@ mod x86 {
     use std::arch::x86_64::*;
 
     /// The vector operations SM3's rounds need, over `N` 32-bit lanes.
+    ///
+    /// Safety: every method uses intrinsics of one target feature, so it may only run
+    /// inlined into `many_avx512` or `many_avx2`, which enable it and are called only
+    /// after the CPU was checked for it.
     trait Lanes: Copy {
         const N: usize;
         unsafe fn splat(x: u32) -> Self;
@@ -304,6 +308,8 @@ mod x86 {
         unsafe { many::<Avx2>(messages, out) }
     }
 
+    /// Hashes `messages` `V::N` at a time: each lane runs its message's padded blocks; a
+    /// lane whose message has ended keeps its state (masked) while longer ones finish.
     #[inline(always)]
     unsafe fn many<V: Lanes>(messages: &[&[u8]], out: &mut [Hash]) {
         const ZERO: [u8; 64] = [0; 64];
