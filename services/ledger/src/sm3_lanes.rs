@@ -75,10 +75,22 @@ impl Lanes {
     }
 }
 
-/// The SM3 digest of every message, in order, on the widest lanes this CPU has.
+/// The SM3 digest of every message, in order, on the widest lanes this CPU has. Fewer
+/// messages than [`MIN_FOR_LANES`] go one at a time: lanes left empty cost as much as full
+/// ones, and a lone message (a single `push`, the top levels of a Merkle page) is faster
+/// alone.
 pub fn sm3_many(messages: &[&[u8]]) -> Vec<Hash> {
-    sm3_many_on(Lanes::detect(), messages)
+    let lanes = if messages.len() < MIN_FOR_LANES {
+        Lanes::Portable
+    } else {
+        Lanes::detect()
+    };
+    sm3_many_on(lanes, messages)
 }
+
+/// Below this many messages, lanes lose to one at a time (16 AVX-512 lanes hash about
+/// five times as fast as one message alone, so three messages cost about the same).
+pub const MIN_FOR_LANES: usize = 4;
 
 /// [`sm3_many`] on the given lanes; falls back to [`Lanes::Portable`] where the CPU lacks
 /// them, so the answer never depends on the choice.

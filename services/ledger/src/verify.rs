@@ -108,15 +108,7 @@ impl ChainVerifier {
     /// Checks one event; `computed_hash` is its recomputed hash (computed by the caller so
     /// that it can be done in parallel). After the first failure, further events are ignored.
     pub fn push(&mut self, event: &RecordedEvent, computed_hash: Hash) {
-        if self.failure.is_some() {
-            return;
-        }
-        if let Err(problem) = self.check(event, computed_hash) {
-            self.failure = Some(VerifyFailure {
-                seq: event.seq,
-                problem,
-            });
-        }
+        self.push_page(std::slice::from_ref(event), &[computed_hash]);
     }
 
     /// [`push`](Self::push) for consecutive events with their recomputed hashes; the
@@ -125,8 +117,8 @@ impl ChainVerifier {
         if self.failure.is_some() {
             return;
         }
-        // Only events that extend the tree from its current size, in order; the checks
-        // below report anything else at the event where it happens.
+        // The tree takes the events that extend it in seq order; the checks below report
+        // anything else at the event where it happens, and stop there.
         let ahead: Vec<Hash> = events
             .iter()
             .zip(self.tree.len() + 1..)
@@ -135,7 +127,13 @@ impl ChainVerifier {
             .collect();
         self.tree.extend(&ahead);
         for (event, hash) in events.iter().zip(computed_hashes) {
-            self.push(event, *hash);
+            if let Err(problem) = self.check(event, *hash) {
+                self.failure = Some(VerifyFailure {
+                    seq: event.seq,
+                    problem,
+                });
+                return;
+            }
         }
     }
 
@@ -184,10 +182,6 @@ impl ChainVerifier {
         *version += 1;
         if let Some(checkpoint) = SignedCheckpoint::from_event(event) {
             self.check_checkpoint(checkpoint)?;
-        }
-        // `push_page` may have put this event's leaf in the tree already.
-        if self.tree.len() < event.seq {
-            self.tree.push(&event.hash);
         }
         self.expected_seq += 1;
         self.prev_hash = event.hash;
