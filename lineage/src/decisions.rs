@@ -24,6 +24,7 @@ use serde_json::value::RawValue;
 
 use crate::delta::{
     DeltaError, META_FIRST_SEQ, META_LAST_SEQ, open_table, to_hex, transaction_version,
+    writer_properties,
 };
 
 /// Application id of the decisions table's transactions.
@@ -35,6 +36,17 @@ pub const CLEARING_DECIDED: &str = "ClearingDecided";
 
 /// Columns, in order. Amounts are decimal strings (they may exceed 64 bits once summed
 /// downstream; a reader casts to DECIMAL(38,0)); lists are JSON text.
+/// Columns whose values are (nearly) all distinct: no Parquet dictionary for them.
+const UNIQUE_COLUMNS: [&str; 7] = [
+    "event_id",
+    "hash",
+    "request_id",
+    "buyer",
+    "seller",
+    "amount_minor",
+    "trace_id",
+];
+
 const COLUMNS: [(&str, PrimitiveType); 22] = [
     ("seq", PrimitiveType::Long),
     ("event_id", PrimitiveType::String),
@@ -252,8 +264,9 @@ impl DecisionsSink {
                 ),
                 (META_LAST_SEQ.to_string(), serde_json::json!(last.seq)),
             ]);
-        let mut writer =
-            RecordBatchWriter::for_table(&self.table)?.with_commit_properties(properties);
+        let mut writer = RecordBatchWriter::for_table(&self.table)?
+            .with_commit_properties(properties)
+            .with_writer_properties(writer_properties(&UNIQUE_COLUMNS));
         let batch = to_record_batch(&writer, &rows)?;
         writer.write(batch).await?;
         let version = writer.flush_and_commit(&mut self.table).await?;

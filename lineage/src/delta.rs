@@ -26,6 +26,9 @@ use deltalake::arrow::datatypes::{DataType as ArrowDataType, TimeUnit};
 use deltalake::arrow::error::ArrowError;
 use deltalake::kernel::transaction::CommitProperties;
 use deltalake::kernel::{DataType, PrimitiveType, Transaction};
+use deltalake::parquet::basic::Compression;
+use deltalake::parquet::file::properties::WriterProperties;
+use deltalake::parquet::schema::types::ColumnPath;
 use deltalake::writer::{DeltaWriter, RecordBatchWriter};
 use deltalake::{DeltaTable, DeltaTableError, TableProperty};
 
@@ -45,6 +48,9 @@ pub const TABLE_NAME: &str = "events";
 pub const PARTITION_COLUMN: &str = "date";
 
 /// The table's columns, in order: name and Delta type. All are non-nullable.
+/// Columns whose values are (nearly) all distinct: no Parquet dictionary for them.
+const UNIQUE_COLUMNS: [&str; 5] = ["event_id", "payload", "metadata", "prev_hash", "hash"];
+
 const COLUMNS: [(&str, PrimitiveType); 12] = [
     ("seq", PrimitiveType::Long),
     ("stream_id", PrimitiveType::String),
@@ -243,8 +249,9 @@ impl DeltaSink {
                 (META_LAST_SEQ.to_string(), serde_json::json!(last.seq)),
                 (META_LAST_HASH.to_string(), serde_json::json!(last_hash)),
             ]);
-        let mut writer =
-            RecordBatchWriter::for_table(&self.table)?.with_commit_properties(properties);
+        let mut writer = RecordBatchWriter::for_table(&self.table)?
+            .with_commit_properties(properties)
+            .with_writer_properties(writer_properties(&UNIQUE_COLUMNS));
         let batch = to_record_batch(&writer, &new)?;
         writer.write(batch).await?;
         let version = writer.flush_and_commit(&mut self.table).await?;
@@ -253,6 +260,22 @@ impl DeltaSink {
         self.last_hash = Some(last_hash);
         Ok(Some(i64::try_from(version).unwrap_or(i64::MAX)))
     }
+}
+
+/// Parquet settings for a table's data files: Snappy, as delta-rs writes by default, and
+/// plain encoding for `unique_columns`. A dictionary only pays for repeated values; for
+/// hashes, ids and event text the writer would intern every value (hashing and copying
+/// it) until the dictionary page overflows, then fall back to plain encoding anyway.
+pub(crate) fn writer_properties(unique_columns: &[&str]) -> WriterProperties {
+    unique_columns
+        .iter()
+        .fold(
+            WriterProperties::builder()
+                .set_created_by(format!("aether-lineage {}", env!("CARGO_PKG_VERSION")))
+                .set_compression(Compression::SNAPPY),
+            |b, column| b.set_column_dictionary_enabled(ColumnPath::from(*column), false),
+        )
+        .build()
 }
 
 /// Opens the table at `location` (a local directory, created if absent, or a URL),

@@ -308,3 +308,45 @@ async fn checkpoints_are_written_and_state_is_recovered_from_them() {
     assert_eq!(sink.append(&events).await.unwrap(), None);
     assert_eq!(read_rows(&sink).len(), events.len());
 }
+
+#[tokio::test]
+async fn data_files_are_snappy_and_keep_dictionaries_for_repeated_values_only() {
+    use deltalake::parquet::basic::Compression;
+    use deltalake::parquet::file::reader::{FileReader, SerializedFileReader};
+
+    let data = TempData::new("encodings");
+    let location = data.events_table();
+    let mut sink = DeltaSink::open_or_create(&location).await.unwrap();
+    sink.append(&chain(40)).await.unwrap();
+    let uris: Vec<String> = sink.table().get_file_uris().unwrap().collect();
+    assert!(!uris.is_empty());
+    for uri in uris {
+        let path = uri.strip_prefix("file://").unwrap_or(&uri).to_string();
+        let reader = SerializedFileReader::new(std::fs::File::open(&path).unwrap()).unwrap();
+        for group in reader.metadata().row_groups() {
+            let chunk = |name: &str| {
+                group
+                    .columns()
+                    .iter()
+                    .find(|c| c.column_path().string() == name)
+                    .unwrap_or_else(|| panic!("{path} has no column {name}"))
+                    .clone()
+            };
+            for name in ["event_id", "payload", "metadata", "prev_hash", "hash"] {
+                let c = chunk(name);
+                assert!(
+                    c.dictionary_page_offset().is_none(),
+                    "{name} has a dictionary in {path}"
+                );
+                assert!(matches!(c.compression(), Compression::SNAPPY), "{name}");
+            }
+            // One event type and one stream in the whole chain: a dictionary pays.
+            for name in ["event_type", "stream_id"] {
+                assert!(
+                    chunk(name).dictionary_page_offset().is_some(),
+                    "{name} has no dictionary in {path}"
+                );
+            }
+        }
+    }
+}

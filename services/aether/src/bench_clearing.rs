@@ -24,7 +24,7 @@ use aether_gateway::pb::v1::{
     ClearingAnswer, ClearingRequest, Decision, KeyExchangeRequest, KeyExchangeResponse,
     SealedBatchRequest, SealedBatchResponse, SealedRequest, SealedResponse, Trade,
 };
-use aether_gateway::service::METHOD_SUBMIT;
+use aether_gateway::service::{METHOD_SUBMIT, METHOD_SUBMIT_STREAM};
 use aether_gateway::tls::{ServerTls, TlsPaths, client_tls_config};
 use aether_gpu_worker::reference::{self, REFERENCE_MODEL_REF};
 use aether_ledger::redact_url;
@@ -72,6 +72,10 @@ pub struct ClearingBench {
     /// The server's batch delay (`aether serve --batch-delay-us`).
     #[arg(long, default_value_t = 2000)]
     batch_delay_us: u64,
+    /// How requests travel, for the gateway and the echo alike: one unary `Submit` call
+    /// each, or messages on one long-lived `SubmitStream` per task.
+    #[arg(long, value_enum, default_value_t = Api::Unary)]
+    api: Api,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -113,6 +117,36 @@ struct ClientArgs {
     duration_secs: u64,
     #[arg(long, default_value_t = 5)]
     warmup_secs: u64,
+    #[arg(long, value_enum, default_value_t = Api::Unary)]
+    api: Api,
+}
+
+/// The clearing API the load uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Api {
+    /// `Submit`: one HTTP/2 stream per request.
+    Unary,
+    /// `SubmitStream`: each task keeps one stream open and sends its requests on it, one
+    /// at a time (still a closed loop).
+    Stream,
+}
+
+impl Api {
+    fn name(self) -> &'static str {
+        match self {
+            Api::Unary => "unary",
+            Api::Stream => "stream",
+        }
+    }
+
+    /// The method the envelope's AAD binds.
+    fn method(self) -> &'static str {
+        match self {
+            Api::Unary => METHOD_SUBMIT,
+            Api::Stream => METHOD_SUBMIT_STREAM,
+        }
+    }
 }
 
 pub async fn run(b: ClearingBench) -> anyhow::Result<()> {
@@ -177,6 +211,7 @@ struct Report {
     loadavg_before: Option<String>,
     loadavg_after: Option<String>,
     batch_delay_us: u64,
+    api: Api,
     gateway: PhaseResult,
     echo: Option<PhaseResult>,
     ratio_to_echo: Option<f64>,
@@ -276,6 +311,7 @@ async fn driver(b: ClearingBench) -> anyhow::Result<()> {
         loadavg_before,
         loadavg_after: loadavg(),
         batch_delay_us: b.batch_delay_us,
+        api: b.api,
         gateway,
         echo,
         ratio_to_echo: ratio,
@@ -563,6 +599,7 @@ async fn run_client(
         .args(["--channels", &b.channels.to_string()])
         .args(["--duration-secs", &b.duration_secs.to_string()])
         .args(["--warmup-secs", &b.warmup_secs.to_string()])
+        .args(["--api", b.api.name()])
         .env_remove("DATABASE_URL")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -594,12 +631,13 @@ async fn run_client(
 
 fn print_table(r: &Report) {
     println!(
-        "\n{} build, {} cores, load average before {} / after {}; batch delay {} µs\n",
+        "\n{} build, {} cores, load average before {} / after {}; batch delay {} µs; {} API\n",
         r.build,
         r.cores,
         r.loadavg_before.as_deref().unwrap_or("?"),
         r.loadavg_after.as_deref().unwrap_or("?"),
-        r.batch_delay_us
+        r.batch_delay_us,
+        r.api.name()
     );
     println!(
         "| target | requests/s | p50 ms | p99 ms | p99.9 ms | max ms | shed | errors | req/resp bytes | client CPU s | server CPU s | postgres CPU s | machine busy |"
@@ -695,31 +733,44 @@ impl ClearingService for Echo {
         &self,
         request: Request<SealedRequest>,
     ) -> Result<Response<SealedResponse>, Status> {
-        let sealed = request.into_inner();
-        let mut ciphertext = sealed.ciphertext;
-        ciphertext.resize(ciphertext.len().max(self.answer_len), 0);
-        Ok(Response::new(SealedResponse {
-            request_id: sealed.request_id,
-            nonce: sealed.nonce,
-            ciphertext,
-            issued_at: sealed.issued_at,
-        }))
+        Ok(Response::new(echo(request.into_inner(), self.answer_len)))
     }
 
     async fn submit_batch(
         &self,
         _request: Request<SealedBatchRequest>,
     ) -> Result<Response<SealedBatchResponse>, Status> {
-        Err(Status::unimplemented("the echo server answers Submit only"))
+        Err(Status::unimplemented(
+            "the echo server answers Submit and SubmitStream only",
+        ))
     }
 
-    type SubmitStreamStream = futures::stream::Empty<Result<SealedResponse, Status>>;
+    type SubmitStreamStream =
+        std::pin::Pin<Box<dyn futures::Stream<Item = Result<SealedResponse, Status>> + Send>>;
 
+    /// Each message answered in order, as `Submit` answers it.
     async fn submit_stream(
         &self,
-        _request: Request<Streaming<SealedRequest>>,
+        request: Request<Streaming<SealedRequest>>,
     ) -> Result<Response<Self::SubmitStreamStream>, Status> {
-        Err(Status::unimplemented("the echo server answers Submit only"))
+        use futures::StreamExt;
+        let answer_len = self.answer_len;
+        let answers = request
+            .into_inner()
+            .map(move |sealed| sealed.map(|s| echo(s, answer_len)));
+        Ok(Response::new(Box::pin(answers)))
+    }
+}
+
+/// The echo's answer: the request's ciphertext, padded to `answer_len`.
+fn echo(sealed: SealedRequest, answer_len: usize) -> SealedResponse {
+    let mut ciphertext = sealed.ciphertext;
+    ciphertext.resize(ciphertext.len().max(answer_len), 0);
+    SealedResponse {
+        request_id: sealed.request_id,
+        nonce: sealed.nonce,
+        ciphertext,
+        issued_at: sealed.issued_at,
     }
 }
 
@@ -863,6 +914,7 @@ async fn phase(
             measure_from,
             measure_to,
             secs: args.duration_secs,
+            api: args.api,
         };
         tasks.push(tokio::spawn(load_task(ctx)));
     }
@@ -961,6 +1013,57 @@ struct TaskCtx {
     measure_from: tokio::time::Instant,
     measure_to: tokio::time::Instant,
     secs: u64,
+    api: Api,
+}
+
+/// How one task sends its requests: a unary call each, or on its own open stream.
+struct Caller {
+    grpc: ClearingServiceClient<Channel>,
+    api: Api,
+    /// The open stream (`Api::Stream`): where requests go and where answers come back.
+    stream: Option<(
+        tokio::sync::mpsc::Sender<SealedRequest>,
+        Streaming<SealedResponse>,
+    )>,
+}
+
+impl Caller {
+    /// Sends one request and waits for its answer. On a stream, a failed request ends the
+    /// stream (the gateway's contract), so the next call opens a new one.
+    async fn call(&mut self, request: SealedRequest) -> Result<SealedResponse, Status> {
+        if self.api == Api::Unary {
+            return self.grpc.submit(request).await.map(Response::into_inner);
+        }
+        let request = match &self.stream {
+            Some((tx, _)) => tx.send(request).await.err().map(|e| e.0),
+            None => Some(request),
+        };
+        if let Some(first) = request {
+            let (tx, rx) = tokio::sync::mpsc::channel(1);
+            // Queued before the call so that the stream opens with a message in it.
+            let _ = tx.send(first).await;
+            let answers = self
+                .grpc
+                .submit_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+                .await?
+                .into_inner();
+            self.stream = Some((tx, answers));
+        }
+        let Some((_, answers)) = &mut self.stream else {
+            return Err(Status::internal("no stream"));
+        };
+        match answers.message().await {
+            Ok(Some(answer)) => Ok(answer),
+            Ok(None) => {
+                self.stream = None;
+                Err(Status::unavailable("the server ended the stream"))
+            }
+            Err(status) => {
+                self.stream = None;
+                Err(status)
+            }
+        }
+    }
 }
 
 /// One closed-loop task: a session key, then one request at a time until the end.
@@ -971,6 +1074,11 @@ async fn load_task(mut c: TaskCtx) -> anyhow::Result<TaskStats> {
     };
     let key = Sm4Key::generate()?;
     let wrapped = wrap_key(&c.server_key, &key)?;
+    let mut caller = Caller {
+        grpc: c.grpc.clone(),
+        api: c.api,
+        stream: None,
+    };
     let key_id = c
         .grpc
         .key_exchange(KeyExchangeRequest {
@@ -990,7 +1098,7 @@ async fn load_task(mut c: TaskCtx) -> anyhow::Result<TaskStats> {
         let issued_at = unix_now();
         let aad = Aad {
             direction: Direction::Request,
-            method: METHOD_SUBMIT,
+            method: c.api.method(),
             request_id: &request_id,
             member_id: c.member,
             key_id: &key_id,
@@ -998,9 +1106,8 @@ async fn load_task(mut c: TaskCtx) -> anyhow::Result<TaskStats> {
         };
         let sealed = seal(&key, &aad, &body)?;
         let request_bytes = sealed.ciphertext.len() as u64;
-        let call = c
-            .grpc
-            .submit(SealedRequest {
+        let call = caller
+            .call(SealedRequest {
                 member_id: c.member.to_owned(),
                 request_id: request_id.clone(),
                 key_id: key_id.clone(),
@@ -1011,7 +1118,6 @@ async fn load_task(mut c: TaskCtx) -> anyhow::Result<TaskStats> {
             .await;
         let outcome = match call {
             Ok(response) => {
-                let response = response.into_inner();
                 let size = response.ciphertext.len() as u64;
                 match c.target {
                     Target::Echo => {

@@ -179,15 +179,18 @@ async fn collect(
     ));
     let max_batch = config.max_batch.max(1);
     while let Some(first) = rx.recv().await {
-        let deadline = tokio::time::Instant::now() + config.max_delay;
+        // One timer per batch, not one per trade received.
+        let deadline = tokio::time::sleep(config.max_delay);
+        tokio::pin!(deadline);
         let mut batch = vec![first];
         while batch.len() < max_batch {
             tokio::select! {
+                biased;
+                () = &mut deadline => break,
                 job = rx.recv() => match job {
                     Some(job) => batch.push(job),
                     None => break,
                 },
-                _ = tokio::time::sleep_until(deadline) => break,
             }
         }
         // Wait for a free worker before taking more: a busy pool backs the queue up, and

@@ -45,9 +45,9 @@ impl Run {
         self.batches.back()?.last().map(|r| r.seq as u64)
     }
 
-    /// The rows from `from_seq` on, at most `max`; `None` where the run does not hold
-    /// `from_seq` (empty when it is the seq after the run).
-    fn rows_from(&self, from_seq: u64, max: usize) -> Option<Vec<&EventRow>> {
+    /// The batches holding the rows from `from_seq` on (shared, not copied); `None` where
+    /// the run does not hold `from_seq` (empty when it is the seq after the run).
+    fn batches_from(&self, from_seq: u64) -> Option<Vec<Arc<Vec<EventRow>>>> {
         let (first, last) = (self.first_seq()?, self.last_seq()?);
         if from_seq < first || from_seq > last {
             return None;
@@ -56,15 +56,26 @@ impl Run {
         let start = self
             .batches
             .partition_point(|b| b.first().is_some_and(|r| r.seq as u64 <= from_seq));
-        let rows = self
-            .batches
-            .range(start.saturating_sub(1)..)
-            .flat_map(|b| b.iter())
-            .skip_while(|r| (r.seq as u64) < from_seq)
-            .take(max)
-            .collect();
-        Some(rows)
+        Some(
+            self.batches
+                .range(start.saturating_sub(1)..)
+                .cloned()
+                .collect(),
+        )
     }
+}
+
+/// At most `max` rows of `batches` from `from_seq` on.
+fn rows_from(
+    batches: &[Arc<Vec<EventRow>>],
+    from_seq: u64,
+    max: usize,
+) -> impl Iterator<Item = &EventRow> {
+    batches
+        .iter()
+        .flat_map(|b| b.iter())
+        .skip_while(move |r| (r.seq as u64) < from_seq)
+        .take(max)
 }
 
 fn bytes_of(rows: &[EventRow]) -> usize {
@@ -109,36 +120,42 @@ impl Tail {
     /// Up to `max` events from `from_seq` on, if this process committed `from_seq`
     /// recently; `None` (read the database) otherwise, or when nothing here follows it.
     pub(crate) fn events_from(&self, from_seq: u64, max: usize) -> Option<Vec<RecordedEvent>> {
-        let run = self.inner.lock().ok()?;
-        let rows = run.rows_from(from_seq, max)?;
-        let mut out = Vec::with_capacity(rows.len());
-        for r in rows {
-            // The writer stored exactly this text after producing it as canonical JSON, so
-            // this cannot fail; if it somehow did, the database read decides.
-            let payload = RawValue::from_string(r.payload.clone()).ok()?;
-            let metadata = RawValue::from_string(r.metadata.clone()).ok()?;
-            out.push(RecordedEvent {
-                seq: r.seq as u64,
-                stream_id: r.stream_id.clone(),
-                stream_version: r.stream_version as u64,
-                event_id: r.event_id,
-                event_type: r.event_type.clone(),
-                schema_version: r.schema_version as u32,
-                payload,
-                metadata,
-                recorded_at: r.recorded_at,
-                prev_hash: r.prev_hash,
-                hash: r.hash,
-            });
-        }
-        Some(out)
+        // Only the batches are taken under the lock: the writer publishes through it on
+        // every commit and must not wait while a follower copies and checks a page.
+        let batches = self.batches_from(from_seq)?;
+        rows_from(&batches, from_seq, max)
+            .map(|r| {
+                // The writer stored exactly this text after producing it as canonical
+                // JSON, so this cannot fail; if it somehow did, the database read decides.
+                Some(RecordedEvent {
+                    seq: r.seq as u64,
+                    stream_id: r.stream_id.clone(),
+                    stream_version: r.stream_version as u64,
+                    event_id: r.event_id,
+                    event_type: r.event_type.clone(),
+                    schema_version: r.schema_version as u32,
+                    payload: RawValue::from_string(r.payload.clone()).ok()?,
+                    metadata: RawValue::from_string(r.metadata.clone()).ok()?,
+                    recorded_at: r.recorded_at,
+                    prev_hash: r.prev_hash,
+                    hash: r.hash,
+                })
+            })
+            .collect()
     }
 
     /// Up to `max` `(seq, hash)` pairs from `from_seq` on, as [`Tail::events_from`].
     pub(crate) fn hashes_from(&self, from_seq: u64, max: usize) -> Option<Vec<(u64, Hash)>> {
-        let run = self.inner.lock().ok()?;
-        let rows = run.rows_from(from_seq, max)?;
-        Some(rows.into_iter().map(|r| (r.seq as u64, r.hash)).collect())
+        let batches = self.batches_from(from_seq)?;
+        Some(
+            rows_from(&batches, from_seq, max)
+                .map(|r| (r.seq as u64, r.hash))
+                .collect(),
+        )
+    }
+
+    fn batches_from(&self, from_seq: u64) -> Option<Vec<Arc<Vec<EventRow>>>> {
+        self.inner.lock().ok()?.batches_from(from_seq)
     }
 }
 
