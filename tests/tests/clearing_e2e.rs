@@ -14,7 +14,7 @@ use aether_gateway::envelope::{
 };
 use aether_gateway::identity::Role;
 use aether_gateway::pb::v1::clearing_service_client::ClearingServiceClient;
-use aether_gateway::pb::v1::{ClearingRequest, Decision, SealedRequest};
+use aether_gateway::pb::v1::{ClearingAnswer, ClearingRequest, Decision, SealedRequest};
 use aether_gateway::service::METHOD_SUBMIT;
 use aether_gateway::tls::{TlsPaths, client_tls_config};
 use aether_gpu_worker::reference::{REFERENCE_MODEL_DIGEST, REFERENCE_MODEL_REF};
@@ -323,4 +323,100 @@ async fn a_batch_on_a_worker_killed_mid_batch_goes_to_another_and_is_decided_onc
     assert_eq!(all[0]["metadata"]["request_id"], "req-1");
     assert_eq!(all[0]["payload"]["worker"], "worker-2");
     assert!(server.terminate().success());
+}
+
+/// `(request id, trade)` pairs for the batch and stream calls.
+fn numbered(prefix: &str, n: i64) -> Vec<(String, ClearingRequest)> {
+    (0..n)
+        .map(|i| (format!("{prefix}-{i}"), trade(100_000 + i * 1_000)))
+        .collect()
+}
+
+fn refs(trades: &[(String, ClearingRequest)]) -> Vec<(&str, &ClearingRequest)> {
+    trades.iter().map(|(id, t)| (id.as_str(), t)).collect()
+}
+
+/// Each answer's receipt names a committed `ClearingDecided` of its member and request.
+async fn check_receipts(server: &Server, member: &str, answers: &[ClearingAnswer]) {
+    for a in answers {
+        let receipt = a.receipt.clone().unwrap();
+        let event = get(server, &format!("/v1/audit/events/{}", receipt.seq)).await;
+        assert_eq!(event["event"]["hash"], receipt.event_hash.as_str());
+        assert_eq!(event["event"]["event_type"], "ClearingDecided");
+        assert_eq!(
+            event["event"]["metadata"]["request_id"],
+            a.request_id.as_str()
+        );
+        assert_eq!(event["event"]["metadata"]["member"], member);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_and_streams_are_decided_and_replayed_like_single_trades() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &[]);
+    activate(&server).await;
+
+    // SubmitBatch with a session key: answers in the order sent, each on the ledger.
+    let mut bank_a = client(&server, &data, "bank-a").await;
+    bank_a.key_exchange().await.unwrap();
+    let batch = numbered("batch", 6);
+    let answers = bank_a.submit_batch(&refs(&batch)).await.unwrap();
+    let ids: Vec<&str> = answers.iter().map(|a| a.request_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        refs(&batch).iter().map(|(id, _)| *id).collect::<Vec<_>>()
+    );
+    assert!(answers.iter().all(|a| !a.replayed), "{answers:?}");
+    check_receipts(&server, "bank-a", &answers).await;
+    let recorded = head(&server).await;
+    assert_eq!(decisions(&server).await.len(), 6);
+
+    // The same batch again: the original decisions, nothing new on the ledger.
+    let again = bank_a.submit_batch(&refs(&batch)).await.unwrap();
+    assert!(again.iter().all(|a| a.replayed), "{again:?}");
+    let receipts = |a: &[ClearingAnswer]| a.iter().map(|a| a.receipt.clone()).collect::<Vec<_>>();
+    assert_eq!(receipts(&again), receipts(&answers));
+    assert_eq!(head(&server).await, recorded);
+
+    // SubmitStream with a per-request key: every trade answered once, in any order; more
+    // trades than the gateway decides at once from one stream (the rest wait unread).
+    let mut bank_b = client(&server, &data, "bank-b").await;
+    let n = aether_gateway::service::MAX_STREAM_IN_FLIGHT as i64 + 44;
+    let streamed = numbered("stream", n);
+    let answers = bank_b.submit_stream(&refs(&streamed)).await.unwrap();
+    let mut ids: Vec<&str> = answers.iter().map(|a| a.request_id.as_str()).collect();
+    ids.sort_unstable();
+    let mut sent: Vec<&str> = streamed.iter().map(|(id, _)| id.as_str()).collect();
+    sent.sort_unstable();
+    assert_eq!(ids, sent);
+    assert!(answers.iter().all(|a| !a.replayed));
+    check_receipts(&server, "bank-b", &answers).await;
+    assert_eq!(decisions(&server).await.len(), 6 + streamed.len());
+    let recorded = head(&server).await;
+    let again = bank_b.submit_stream(&refs(&streamed)).await.unwrap();
+    assert_eq!(again.len(), streamed.len());
+    assert!(again.iter().all(|a| a.replayed), "{again:?}");
+    assert_eq!(head(&server).await, recorded);
+
+    // A trade the gateway refuses ends the stream with its status and records nothing.
+    let mut bad = trade(5_000);
+    bad.trade.as_mut().unwrap().counterparty_tier = 9;
+    match bank_b.submit_stream(&[("stream-bad", &bad)]).await {
+        Err(ClientError::Status { code, message }) => {
+            assert_eq!(code, tonic::Code::InvalidArgument, "{message}");
+            assert!(message.contains("counterparty_tier"), "{message}");
+        }
+        other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
+    }
+    // So does an oversized batch, before anything is decided.
+    let oversized = numbered("oversized", 1_001);
+    match bank_a.submit_batch(&refs(&oversized)).await {
+        Err(ClientError::Status { code, message }) => {
+            assert_eq!(code, tonic::Code::InvalidArgument, "{message}");
+        }
+        other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
+    }
+    assert_eq!(head(&server).await, recorded);
 }

@@ -12,8 +12,11 @@ use crate::envelope::{
     wrap_key,
 };
 use crate::pb::v1::clearing_service_client::ClearingServiceClient;
-use crate::pb::v1::{ClearingAnswer, ClearingRequest, KeyExchangeRequest, SealedRequest};
-use crate::service::METHOD_SUBMIT;
+use crate::pb::v1::{
+    ClearingAnswer, ClearingRequest, KeyExchangeRequest, SealedBatchRequest, SealedRequest,
+    SealedResponse,
+};
+use crate::service::{METHOD_SUBMIT, METHOD_SUBMIT_BATCH, METHOD_SUBMIT_STREAM};
 use crate::tls::{TlsError, TlsPaths, client_tls_config};
 
 #[derive(Debug, thiserror::Error)]
@@ -119,45 +122,160 @@ impl ClearingClient {
         request_id: &str,
         request: &ClearingRequest,
     ) -> Result<ClearingAnswer, ClientError> {
-        let (key, key_id, header) = match &self.keying {
-            Keying::Session { key_id, key } => (key.clone(), key_id.clone(), None),
+        let key = self.call_key()?;
+        let sealed = self.seal(&key, METHOD_SUBMIT, request_id, request)?;
+        let response = self.grpc.submit(key.request(sealed)?).await?.into_inner();
+        self.open(&key, METHOD_SUBMIT, request_id, &response)
+    }
+
+    /// Submits several trades in one call (at most [`crate::service::MAX_BATCH_REQUESTS`]);
+    /// the answers come in the order of
+    /// `trades`. All or error: on an error, the trades decided before it are on the ledger
+    /// and a resubmission returns them as replays.
+    pub async fn submit_batch(
+        &mut self,
+        trades: &[(&str, &ClearingRequest)],
+    ) -> Result<Vec<ClearingAnswer>, ClientError> {
+        let key = self.call_key()?;
+        let requests = trades
+            .iter()
+            .map(|(id, request)| self.seal(&key, METHOD_SUBMIT_BATCH, id, request))
+            .collect::<Result<Vec<_>, _>>()?;
+        let responses = self
+            .grpc
+            .submit_batch(key.request(SealedBatchRequest { requests })?)
+            .await?
+            .into_inner()
+            .responses;
+        if responses.len() != trades.len() {
+            return Err(ClientError::Answer(format!(
+                "{} answers for {} trades",
+                responses.len(),
+                trades.len()
+            )));
+        }
+        trades
+            .iter()
+            .zip(&responses)
+            .map(|((id, _), response)| self.open(&key, METHOD_SUBMIT_BATCH, id, response))
+            .collect()
+    }
+
+    /// Sends the trades on one `SubmitStream` and collects their answers, which come in
+    /// the order they were decided. A failed trade ends the stream with its status.
+    pub async fn submit_stream(
+        &mut self,
+        trades: &[(&str, &ClearingRequest)],
+    ) -> Result<Vec<ClearingAnswer>, ClientError> {
+        let key = self.call_key()?;
+        let requests = trades
+            .iter()
+            .map(|(id, request)| self.seal(&key, METHOD_SUBMIT_STREAM, id, request))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut responses = self
+            .grpc
+            .submit_stream(key.request(futures::stream::iter(requests))?)
+            .await?
+            .into_inner();
+        let mut answers = Vec::with_capacity(trades.len());
+        while let Some(response) = responses.message().await? {
+            if !trades.iter().any(|(id, _)| *id == response.request_id) {
+                return Err(ClientError::Answer(format!(
+                    "an answer for request {:?}, which was not sent",
+                    response.request_id
+                )));
+            }
+            let id = response.request_id.clone();
+            answers.push(self.open(&key, METHOD_SUBMIT_STREAM, &id, &response)?);
+        }
+        Ok(answers)
+    }
+
+    /// The key for one call: the session key, or a fresh one wrapped for the header.
+    fn call_key(&self) -> Result<CallKey, ClientError> {
+        Ok(match &self.keying {
+            Keying::Session { key_id, key } => CallKey {
+                key: key.clone(),
+                key_id: key_id.clone(),
+                header: None,
+            },
             Keying::PerRequest => {
                 let key = Sm4Key::generate()?;
                 let wrapped = wrap_key(&self.server_key, &key)?;
-                (key, String::new(), Some(encode_wrapped_key(&wrapped)))
+                CallKey {
+                    key,
+                    key_id: String::new(),
+                    header: Some(encode_wrapped_key(&wrapped)),
+                }
             }
-        };
-        let issued_at = unix_now();
-        let aad = Aad {
+        })
+    }
+
+    fn aad<'a>(&'a self, key: &'a CallKey, method: &'a str, request_id: &'a str) -> Aad<'a> {
+        Aad {
             direction: Direction::Request,
-            method: METHOD_SUBMIT,
+            method,
             request_id,
             member_id: &self.member_id,
-            key_id: &key_id,
-            issued_at,
-        };
-        let sealed = seal(&key, &aad, &request.encode_to_vec())?;
-        let mut call = tonic::Request::new(SealedRequest {
+            key_id: &key.key_id,
+            issued_at: unix_now(),
+        }
+    }
+
+    fn seal(
+        &self,
+        key: &CallKey,
+        method: &str,
+        request_id: &str,
+        request: &ClearingRequest,
+    ) -> Result<SealedRequest, ClientError> {
+        let aad = self.aad(key, method, request_id);
+        let sealed = seal(&key.key, &aad, &request.encode_to_vec())?;
+        Ok(SealedRequest {
             member_id: self.member_id.clone(),
             request_id: request_id.to_owned(),
-            key_id: key_id.clone(),
+            key_id: key.key_id.clone(),
             nonce: sealed.nonce.to_vec(),
             ciphertext: sealed.ciphertext,
-            issued_at,
-        });
-        if let Some(header) = header {
-            let value = header
-                .parse()
-                .map_err(|_| ClientError::Answer("unencodable key header".into()))?;
-            call.metadata_mut().insert(KEY_HEADER, value);
-        }
-        let response = self.grpc.submit(call).await?.into_inner();
+            issued_at: aad.issued_at,
+        })
+    }
+
+    fn open(
+        &self,
+        key: &CallKey,
+        method: &str,
+        request_id: &str,
+        response: &SealedResponse,
+    ) -> Result<ClearingAnswer, ClientError> {
+        let aad = self.aad(key, method, request_id);
         let plaintext = open(
-            &key,
+            &key.key,
             &aad.response(response.issued_at),
             &response.nonce,
             &response.ciphertext,
         )?;
         ClearingAnswer::decode(plaintext.as_slice()).map_err(|e| ClientError::Answer(e.to_string()))
+    }
+}
+
+/// The key one call is sealed with, and the header that carries it when it is per request.
+struct CallKey {
+    key: Sm4Key,
+    key_id: String,
+    header: Option<String>,
+}
+
+impl CallKey {
+    /// `message` as a call, with the wrapped key in its header when there is one.
+    fn request<T>(&self, message: T) -> Result<tonic::Request<T>, ClientError> {
+        let mut call = tonic::Request::new(message);
+        if let Some(header) = &self.header {
+            let value = header
+                .parse()
+                .map_err(|_| ClientError::Answer("unencodable key header".into()))?;
+            call.metadata_mut().insert(KEY_HEADER, value);
+        }
+        Ok(call)
     }
 }

@@ -30,6 +30,9 @@ use crate::pb::v1::{
 pub const METHOD_SUBMIT: &str = "/aether.v1.ClearingService/Submit";
 pub const METHOD_SUBMIT_BATCH: &str = "/aether.v1.ClearingService/SubmitBatch";
 pub const METHOD_SUBMIT_STREAM: &str = "/aether.v1.ClearingService/SubmitStream";
+/// Requests of one `SubmitStream` being decided at once; the stream's further messages
+/// wait unread until one is answered, so a member cannot queue unbounded work on a stream.
+pub const MAX_STREAM_IN_FLIGHT: usize = 256;
 /// Most requests in one `SubmitBatch`.
 pub const MAX_BATCH_REQUESTS: usize = 1_000;
 
@@ -285,7 +288,8 @@ impl ClearingService for ClearingServer {
 
     type SubmitStreamStream = AnswerStream;
 
-    /// Answers in completion order; a failed request ends the stream with its status.
+    /// Answers in completion order; a failed request ends the stream with its status. At
+    /// most [`MAX_STREAM_IN_FLIGHT`] requests of one stream are decided at once.
     async fn submit_stream(
         &self,
         request: Request<Streaming<SealedRequest>>,
@@ -299,7 +303,8 @@ impl ClearingService for ClearingServer {
             let mut tasks = tokio::task::JoinSet::new();
             loop {
                 tokio::select! {
-                    message = inbound.message() => match message {
+                    // At the bound, stop reading: HTTP/2 flow control then holds the member.
+                    message = inbound.message(), if tasks.len() < MAX_STREAM_IN_FLIGHT => match message {
                         Ok(Some(sealed)) => {
                             let (server, peer, header, tx) =
                                 (server.clone(), peer.clone(), header.clone(), tx.clone());
