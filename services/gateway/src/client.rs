@@ -177,16 +177,23 @@ impl ClearingClient {
             .submit_stream(key.request(futures::stream::iter(requests))?)
             .await?
             .into_inner();
+        let mut unanswered: std::collections::HashSet<&str> =
+            trades.iter().map(|(id, _)| *id).collect();
         let mut answers = Vec::with_capacity(trades.len());
         while let Some(response) = responses.message().await? {
-            if !trades.iter().any(|(id, _)| *id == response.request_id) {
+            if !unanswered.remove(response.request_id.as_str()) {
                 return Err(ClientError::Answer(format!(
-                    "an answer for request {:?}, which was not sent",
+                    "an answer for request {:?}, which was not sent or was answered already",
                     response.request_id
                 )));
             }
-            let id = response.request_id.clone();
-            answers.push(self.open(&key, METHOD_SUBMIT_STREAM, &id, &response)?);
+            answers.push(self.open(&key, METHOD_SUBMIT_STREAM, &response.request_id, &response)?);
+        }
+        if !unanswered.is_empty() {
+            return Err(ClientError::Answer(format!(
+                "the gateway ended the stream with {} requests unanswered",
+                unanswered.len()
+            )));
         }
         Ok(answers)
     }
