@@ -129,18 +129,14 @@ impl ClearingClient {
     }
 
     /// Submits several trades in one call (at most [`crate::service::MAX_BATCH_REQUESTS`]);
-    /// the answers come in the order of
-    /// `trades`. All or error: on an error, the trades decided before it are on the ledger
+    /// the answers come in the order of `trades`. All or error: on an error, the trades decided before it are on the ledger
     /// and a resubmission returns them as replays.
     pub async fn submit_batch(
         &mut self,
         trades: &[(&str, &ClearingRequest)],
     ) -> Result<Vec<ClearingAnswer>, ClientError> {
         let key = self.call_key()?;
-        let requests = trades
-            .iter()
-            .map(|(id, request)| self.seal(&key, METHOD_SUBMIT_BATCH, id, request))
-            .collect::<Result<Vec<_>, _>>()?;
+        let requests = self.seal_all(&key, METHOD_SUBMIT_BATCH, trades)?;
         let responses = self
             .grpc
             .submit_batch(key.request(SealedBatchRequest { requests })?)
@@ -168,10 +164,7 @@ impl ClearingClient {
         trades: &[(&str, &ClearingRequest)],
     ) -> Result<Vec<ClearingAnswer>, ClientError> {
         let key = self.call_key()?;
-        let requests = trades
-            .iter()
-            .map(|(id, request)| self.seal(&key, METHOD_SUBMIT_STREAM, id, request))
-            .collect::<Result<Vec<_>, _>>()?;
+        let requests = self.seal_all(&key, METHOD_SUBMIT_STREAM, trades)?;
         let mut responses = self
             .grpc
             .submit_stream(key.request(futures::stream::iter(requests))?)
@@ -246,6 +239,18 @@ impl ClearingClient {
             ciphertext: sealed.ciphertext,
             issued_at: aad.issued_at,
         })
+    }
+
+    fn seal_all(
+        &self,
+        key: &CallKey,
+        method: &str,
+        trades: &[(&str, &ClearingRequest)],
+    ) -> Result<Vec<SealedRequest>, ClientError> {
+        trades
+            .iter()
+            .map(|(id, request)| self.seal(key, method, id, request))
+            .collect()
     }
 
     fn open(
