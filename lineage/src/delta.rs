@@ -47,10 +47,10 @@ pub const TABLE_NAME: &str = "events";
 /// The partition column.
 pub const PARTITION_COLUMN: &str = "date";
 
-/// The table's columns, in order: name and Delta type. All are non-nullable.
 /// Columns whose values are (nearly) all distinct: no Parquet dictionary for them.
 const UNIQUE_COLUMNS: [&str; 5] = ["event_id", "payload", "metadata", "prev_hash", "hash"];
 
+/// The table's columns, in order: name and Delta type. All are non-nullable.
 const COLUMNS: [(&str, PrimitiveType); 12] = [
     ("seq", PrimitiveType::Long),
     ("stream_id", PrimitiveType::String),

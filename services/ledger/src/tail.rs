@@ -45,9 +45,9 @@ impl Run {
         self.batches.back()?.last().map(|r| r.seq as u64)
     }
 
-    /// The batches holding the rows from `from_seq` on (shared, not copied); `None` where
-    /// the run does not hold `from_seq` (empty when it is the seq after the run).
-    fn batches_from(&self, from_seq: u64) -> Option<Vec<Arc<Vec<EventRow>>>> {
+    /// The batches holding the `max` rows from `from_seq` on (shared, not copied); `None`
+    /// where the run does not hold `from_seq` (empty when it is the seq after the run).
+    fn batches_from(&self, from_seq: u64, max: usize) -> Option<Vec<Arc<Vec<EventRow>>>> {
         let (first, last) = (self.first_seq()?, self.last_seq()?);
         if from_seq < first || from_seq > last {
             return None;
@@ -56,12 +56,16 @@ impl Run {
         let start = self
             .batches
             .partition_point(|b| b.first().is_some_and(|r| r.seq as u64 <= from_seq));
-        Some(
-            self.batches
-                .range(start.saturating_sub(1)..)
-                .cloned()
-                .collect(),
-        )
+        // Seqs are consecutive, so a batch's last seq says how many of the rows are wanted.
+        let mut batches = Vec::new();
+        for batch in self.batches.range(start.saturating_sub(1)..) {
+            batches.push(Arc::clone(batch));
+            let through = batch.last().map_or(0, |r| r.seq as u64);
+            if through + 1 >= from_seq.saturating_add(max as u64) {
+                break;
+            }
+        }
+        Some(batches)
     }
 }
 
@@ -122,7 +126,7 @@ impl Tail {
     pub(crate) fn events_from(&self, from_seq: u64, max: usize) -> Option<Vec<RecordedEvent>> {
         // Only the batches are taken under the lock: the writer publishes through it on
         // every commit and must not wait while a follower copies and checks a page.
-        let batches = self.batches_from(from_seq)?;
+        let batches = self.batches_from(from_seq, max)?;
         rows_from(&batches, from_seq, max)
             .map(|r| {
                 // The writer stored exactly this text after producing it as canonical
@@ -146,7 +150,7 @@ impl Tail {
 
     /// Up to `max` `(seq, hash)` pairs from `from_seq` on, as [`Tail::events_from`].
     pub(crate) fn hashes_from(&self, from_seq: u64, max: usize) -> Option<Vec<(u64, Hash)>> {
-        let batches = self.batches_from(from_seq)?;
+        let batches = self.batches_from(from_seq, max)?;
         Some(
             rows_from(&batches, from_seq, max)
                 .map(|r| (r.seq as u64, r.hash))
@@ -154,8 +158,8 @@ impl Tail {
         )
     }
 
-    fn batches_from(&self, from_seq: u64) -> Option<Vec<Arc<Vec<EventRow>>>> {
-        self.inner.lock().ok()?.batches_from(from_seq)
+    fn batches_from(&self, from_seq: u64, max: usize) -> Option<Vec<Arc<Vec<EventRow>>>> {
+        self.inner.lock().ok()?.batches_from(from_seq, max)
     }
 }
 
@@ -199,6 +203,14 @@ mod tests {
         assert_eq!(seqs(tail.events_from(2, 4)), Some(vec![2, 3, 4, 5]));
         assert_eq!(seqs(tail.events_from(5, 10)), Some(vec![5, 6, 7]));
         assert_eq!(seqs(tail.events_from(7, 10)), Some(vec![7]));
+        assert_eq!(seqs(tail.events_from(1, 3)), Some(vec![1, 2, 3]));
+        assert_eq!(seqs(tail.events_from(3, 2)), Some(vec![3, 4]));
+        // Only the batches a page needs are taken.
+        let run = tail.inner.lock().unwrap();
+        assert_eq!(run.batches_from(1, 3).map(|b| b.len()), Some(1));
+        assert_eq!(run.batches_from(3, 2).map(|b| b.len()), Some(2));
+        assert_eq!(run.batches_from(2, 100).map(|b| b.len()), Some(3));
+        drop(run);
         let e = tail.events_from(5, 1).unwrap().remove(0);
         assert_eq!(e.payload.get(), "{\"n\":5}");
         assert_eq!(e.hash, [5; 32]);
