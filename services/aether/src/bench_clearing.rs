@@ -212,6 +212,8 @@ struct Report {
     loadavg_after: Option<String>,
     batch_delay_us: u64,
     api: Api,
+    /// Whether lineage kept up with the gateway phase: the rate is sustainable only then.
+    lineage: Option<LineageLag>,
     gateway: PhaseResult,
     echo: Option<PhaseResult>,
     ratio_to_echo: Option<f64>,
@@ -274,7 +276,7 @@ async fn driver(b: ClearingBench) -> anyhow::Result<()> {
     } else if let Some(db) = scratch {
         db.drop().await;
     }
-    let (gateway, echo) = result?;
+    let (gateway, echo, lineage) = result?;
 
     let ratio = echo
         .as_ref()
@@ -312,6 +314,7 @@ async fn driver(b: ClearingBench) -> anyhow::Result<()> {
         loadavg_after: loadavg(),
         batch_delay_us: b.batch_delay_us,
         api: b.api,
+        lineage,
         gateway,
         echo,
         ratio_to_echo: ratio,
@@ -339,7 +342,7 @@ async fn measure(
     data: &Path,
     tmp: &Path,
     database: Option<(&str, &str)>,
-) -> anyhow::Result<(PhaseResult, Option<PhaseResult>)> {
+) -> anyhow::Result<(PhaseResult, Option<PhaseResult>, Option<LineageLag>)> {
     let operator = format!("bench-operator-{}", uuid::Uuid::now_v7().simple());
     let regulator = format!("bench-regulator-{}", uuid::Uuid::now_v7().simple());
     let log_path = tmp.join("serve.log");
@@ -372,7 +375,13 @@ async fn measure(
         let database_name = database.map(|(_, name)| name);
         let client = run_client(b, data, &server.grpc, &echo_url, server.pid, database_name).await;
         let _ = echo_stop.send(true);
-        client
+        let (gateway, echo) = client?;
+        // A bench that ran is reported even if the gauges cannot be read.
+        let lineage = lineage_catch_up(&server.http, &operator)
+            .await
+            .inspect_err(|e| eprintln!("cannot tell whether lineage kept up: {e:#}"))
+            .ok();
+        anyhow::Ok((gateway, echo, lineage))
     }
     .await;
     server.stop().await;
@@ -382,6 +391,64 @@ async fn measure(
         let tail: Vec<&str> = tail.into_iter().rev().collect();
         e.context(format!("the server's log ends:\n{}", tail.join("\n")))
     })
+}
+
+/// How long the bench waits for the lineage relays once the load has stopped.
+const LINEAGE_CATCH_UP_LIMIT: Duration = Duration::from_secs(120);
+
+/// How far the lineage relays were behind the ledger when the load stopped (their lag
+/// gauges, as `/metrics` shows them), and how long they then took to reach it.
+#[derive(Clone, Debug, Serialize)]
+struct LineageLag {
+    delta_events_behind: u64,
+    openlineage_events_behind: u64,
+    /// `None`: still behind after [`LINEAGE_CATCH_UP_LIMIT`].
+    caught_up_ms: Option<u64>,
+}
+
+async fn lineage_catch_up(http: &str, token: &str) -> anyhow::Result<LineageLag> {
+    let started = Instant::now();
+    let (delta_events_behind, openlineage_events_behind) = lineage_lags(http, token).await?;
+    let mut caught_up_ms = None;
+    while started.elapsed() < LINEAGE_CATCH_UP_LIMIT {
+        if lineage_lags(http, token).await? == (0, 0) {
+            caught_up_ms = Some(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(LineageLag {
+        delta_events_behind,
+        openlineage_events_behind,
+        caught_up_ms,
+    })
+}
+
+/// The Delta and OpenLineage relays' lag gauges from the server's `/metrics`.
+async fn lineage_lags(http: &str, token: &str) -> anyhow::Result<(u64, u64)> {
+    let (status, body) = http_request(http, "GET", "/metrics", token, None).await?;
+    if status != 200 {
+        bail!("GET /metrics answered {status}");
+    }
+    lag_gauges(&body)
+}
+
+fn lag_gauges(metrics: &str) -> anyhow::Result<(u64, u64)> {
+    let gauge = |name: &str| -> anyhow::Result<u64> {
+        let value = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .with_context(|| format!("/metrics has no {name}"))?;
+        let lag: f64 = value
+            .trim()
+            .parse()
+            .with_context(|| format!("{name} is {value:?}"))?;
+        Ok(lag.max(0.0) as u64)
+    };
+    Ok((
+        gauge("aether_lineage_delta_lag_events")?,
+        gauge("aether_lineage_openlineage_lag_events")?,
+    ))
 }
 
 /// A running `aether serve` child process.
@@ -693,6 +760,17 @@ fn print_table(r: &Report) {
                 e.first_error.as_deref().unwrap_or("")
             );
         }
+    }
+    if let Some(l) = &r.lineage {
+        println!(
+            "lineage when the load stopped: Delta relay {} events behind the ledger, OpenLineage relay {}; {}",
+            l.delta_events_behind,
+            l.openlineage_events_behind,
+            match l.caught_up_ms {
+                Some(ms) => format!("both caught up {ms} ms later"),
+                None => format!("not caught up after {} s", LINEAGE_CATCH_UP_LIMIT.as_secs()),
+            }
+        );
     }
     if let Some(ratio) = r.ratio_to_echo {
         println!("ratio gateway / echo: {ratio:.3}");
@@ -1451,6 +1529,18 @@ mod tests {
             Some((200, "abcde".to_owned()))
         );
         assert!(parse_response(b"HTTP/1.1 200").is_err());
+    }
+
+    #[test]
+    fn lineage_lags_are_read_from_the_metrics_text() {
+        let text = "# TYPE aether_lineage_delta_lag_events gauge\n\
+                    aether_lineage_delta_lag_events 1234\n\
+                    aether_lineage_delta_lag_events_total 9\n\
+                    # TYPE aether_lineage_openlineage_lag_events gauge\n\
+                    aether_lineage_openlineage_lag_events 0\n";
+        assert_eq!(lag_gauges(text).unwrap(), (1234, 0));
+        let missing = lag_gauges("aether_lineage_delta_lag_events 3\n").unwrap_err();
+        assert!(missing.to_string().contains("openlineage"), "{missing}");
     }
 
     #[test]
