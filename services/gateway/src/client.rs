@@ -129,8 +129,8 @@ impl ClearingClient {
     }
 
     /// Submits several trades in one call (at most [`crate::service::MAX_BATCH_REQUESTS`]);
-    /// the answers come in the order of `trades`. All or error: on an error, the trades decided before it are on the ledger
-    /// and a resubmission returns them as replays.
+    /// the answers come in the order of `trades`. All or error: on an error, the trades
+    /// decided before it are on the ledger and a resubmission returns them as replays.
     pub async fn submit_batch(
         &mut self,
         trades: &[(&str, &ClearingRequest)],
