@@ -12,15 +12,15 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
+use cel::Context;
+use cel::common::types::{CelMap, CelMapKey};
 use cel::common::value::{CowVal, Val};
 use cel::context::VariableResolver;
-use cel::objects::{Key, Map};
-use cel::{Context, Value};
 
 use crate::compile::cel_env;
-use crate::value::{MAX_INPUT_DEPTH, to_cel};
+use crate::value::{MAX_INPUT_DEPTH, to_val};
 
 /// A JSON object whose members are produced on demand: the `request` or `context` of an
 /// evaluation (see [`crate::RuleSet::evaluate_members`]).
@@ -70,28 +70,23 @@ impl<'s> LazyObject<'s> {
         let cell = self.members.get(name)?;
         cell.get_or_init(|| {
             let value = self.source.member(name)?;
-            Some(boxed(to_cel(&value), self.variable, Some(name)))
+            Some(to_val(&value).ok_or_else(|| too_deep(self.variable, Some(name))))
         })
         .as_ref()
     }
 
     fn whole(&self) -> &Converted {
         self.whole.get_or_init(|| {
-            let mut map = HashMap::with_capacity(self.members.len());
+            let mut map: HashMap<CelMapKey<'static>, Box<dyn Val>> =
+                HashMap::with_capacity(self.members.len());
             for name in self.members.keys() {
                 let Some(value) = self.source.member(name) else {
                     continue;
                 };
-                let Some(value) = to_cel(&value) else {
-                    return Err(too_deep(self.variable, Some(name)));
-                };
-                map.insert(Key::from(name.as_ref()), value);
+                let value = to_val(&value).ok_or_else(|| too_deep(self.variable, Some(name)))?;
+                map.insert(CelMapKey::from(name.clone().into_owned()), value);
             }
-            boxed(
-                Some(Value::Map(Map { map: Arc::new(map) })),
-                self.variable,
-                None,
-            )
+            Ok(Box::new(CelMap::from(map)) as Box<dyn Val>)
         })
     }
 
@@ -112,14 +107,6 @@ impl<'s> LazyObject<'s> {
 fn too_deep(variable: &str, member: Option<&str>) -> String {
     let name = member.map_or_else(|| variable.to_owned(), |m| format!("{variable}.{m}"));
     format!("cannot bind `{name}`: it nests deeper than {MAX_INPUT_DEPTH} levels")
-}
-
-fn boxed(value: Option<Value>, variable: &str, member: Option<&str>) -> Converted {
-    let value = value.ok_or_else(|| too_deep(variable, member))?;
-    value.try_into().map_err(|e: cel::ExecutionError| {
-        let name = member.map_or_else(|| variable.to_owned(), |m| format!("{variable}.{m}"));
-        format!("cannot bind `{name}`: {e}")
-    })
 }
 
 /// `request` and `context` of one evaluation, as a CEL variable resolver.

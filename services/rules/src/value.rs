@@ -9,6 +9,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use cel::Value;
+use cel::common::types::{
+    CelBool, CelDouble, CelInt, CelList, CelMap, CelMapKey, CelNull, CelString, CelUInt,
+};
+use cel::common::value::Val;
 use cel::objects::{Key, Map};
 
 /// Deepest JSON nesting accepted in `request` and `context`.
@@ -49,6 +53,51 @@ fn convert(value: &serde_json::Value, depth: usize) -> Option<Value> {
                 out.insert(Key::from(k.as_str()), convert(v, depth + 1)?);
             }
             Value::Map(Map { map: Arc::new(out) })
+        }
+    })
+}
+
+/// Converts a JSON value straight to the interpreter's value type, with the number rules of
+/// [`to_cel`], or `None` when it nests deeper than [`MAX_INPUT_DEPTH`].
+///
+/// Why not `to_cel` and then `Box<dyn Val>::try_from`: that conversion copies a map or list
+/// and each of its members twice more; binding the request whole (`has(request.x)`) that
+/// way was a sixth of a decision's rule evaluation.
+pub(crate) fn to_val(value: &serde_json::Value) -> Option<Box<dyn Val>> {
+    val(value, 0)
+}
+
+fn val(value: &serde_json::Value, depth: usize) -> Option<Box<dyn Val>> {
+    if depth > MAX_INPUT_DEPTH {
+        return None;
+    }
+    Some(match value {
+        serde_json::Value::Null => Box::new(CelNull),
+        serde_json::Value::Bool(b) => Box::new(CelBool::from(*b)),
+        serde_json::Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                Box::new(CelInt::from(i))
+            } else if let Some(u) = n.as_u64() {
+                Box::new(CelUInt::from(u))
+            } else {
+                Box::new(CelDouble::from(n.as_f64().unwrap_or(f64::NAN)))
+            }
+        }
+        serde_json::Value::String(s) => Box::new(CelString::from(s.clone())),
+        serde_json::Value::Array(items) => {
+            let mut out = Vec::with_capacity(items.len());
+            for item in items {
+                out.push(val(item, depth + 1)?);
+            }
+            Box::new(CelList::from(out))
+        }
+        serde_json::Value::Object(members) => {
+            let mut out: HashMap<CelMapKey<'static>, Box<dyn Val>> =
+                HashMap::with_capacity(members.len());
+            for (k, v) in members {
+                out.insert(CelMapKey::from(k.clone()), val(v, depth + 1)?);
+            }
+            Box::new(CelMap::from(out))
         }
     })
 }
@@ -105,5 +154,37 @@ mod tests {
             v = json!([v]);
         }
         assert!(to_cel(&v).is_none());
+        assert!(to_val(&v).is_none());
+    }
+
+    fn json_value() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            any::<u64>().prop_map(serde_json::Value::from),
+            (-1e12f64..1e12).prop_map(serde_json::Value::from),
+            "[a-zé中]{0,6}".prop_map(serde_json::Value::from),
+        ];
+        leaf.prop_recursive(4, 32, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
+                proptest::collection::btree_map("[a-c]{1,2}", inner, 0..4)
+                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        /// The direct conversion gives what the interpreter's own conversion of `to_cel`
+        /// gives: same type, equal value.
+        #[test]
+        fn direct_conversion_equals_the_interpreters(v in json_value()) {
+            let direct = to_val(&v).expect("shallow");
+            let via: Box<dyn Val> = to_cel(&v).expect("shallow").try_into().expect("converts");
+            proptest::prop_assert_eq!(direct.get_type(), via.get_type());
+            proptest::prop_assert!(direct.equals(via.as_ref()), "{v}");
+        }
     }
 }
