@@ -267,8 +267,13 @@ impl DecisionsSink {
         let mut writer = RecordBatchWriter::for_table(&self.table)?
             .with_commit_properties(properties)
             .with_writer_properties(writer_properties(&UNIQUE_COLUMNS));
-        let batch = to_record_batch(&writer, &rows)?;
-        writer.write(batch).await?;
+        crate::delta::write_by_date(
+            &mut writer,
+            &rows,
+            |r| r.event.recorded_at,
+            to_record_batch,
+        )
+        .await?;
         let version = writer.flush_and_commit(&mut self.table).await?;
         self.last_seq = last.seq;
         Ok(Some(i64::try_from(version).unwrap_or(i64::MAX)))
@@ -277,7 +282,7 @@ impl DecisionsSink {
 
 fn to_record_batch<'a>(
     writer: &RecordBatchWriter,
-    rows: &'a [Row<'a>],
+    rows: &[Row<'a>],
 ) -> Result<RecordBatch, DeltaError> {
     let schema = writer.arrow_schema();
     let tz = match schema.field_with_name("recorded_at")?.data_type() {
@@ -289,13 +294,13 @@ fn to_record_batch<'a>(
             .into());
         }
     };
-    let strings = |f: &dyn Fn(&'a Row<'a>) -> Cow<'a, str>| -> ArrayRef {
+    let strings = |f: &dyn Fn(&Row<'a>) -> Cow<'a, str>| -> ArrayRef {
         Arc::new(StringArray::from_iter_values(rows.iter().map(f)))
     };
     let owned = |f: &dyn Fn(&Row<'_>) -> String| -> ArrayRef {
         Arc::new(StringArray::from_iter_values(rows.iter().map(f)))
     };
-    let floats = |f: &dyn Fn(&'a Row<'a>) -> Option<&'a RawValue>| -> ArrayRef {
+    let floats = |f: &dyn Fn(&Row<'a>) -> Option<&'a RawValue>| -> ArrayRef {
         Arc::new(Float64Array::from_iter_values(
             rows.iter().map(|r| number(f(r))),
         ))

@@ -29,7 +29,9 @@ use deltalake::kernel::{DataType, PrimitiveType, Transaction};
 use deltalake::parquet::basic::Compression;
 use deltalake::parquet::file::properties::WriterProperties;
 use deltalake::parquet::schema::types::ColumnPath;
-use deltalake::writer::{DeltaWriter, RecordBatchWriter};
+use deltalake::writer::{DeltaWriter, RecordBatchWriter, WriteMode};
+use delta_kernel::expressions::Scalar;
+use indexmap::IndexMap;
 use deltalake::{DeltaTable, DeltaTableError, TableProperty};
 
 /// Application id of the sink's Delta application transactions.
@@ -252,14 +254,46 @@ impl DeltaSink {
         let mut writer = RecordBatchWriter::for_table(&self.table)?
             .with_commit_properties(properties)
             .with_writer_properties(writer_properties(&UNIQUE_COLUMNS));
-        let batch = to_record_batch(&writer, &new)?;
-        writer.write(batch).await?;
+        write_by_date(&mut writer, &new, |e| e.recorded_at, to_record_batch).await?;
         let version = writer.flush_and_commit(&mut self.table).await?;
 
         self.last_seq = last.seq;
         self.last_hash = Some(last_hash);
         Ok(Some(i64::try_from(version).unwrap_or(i64::MAX)))
     }
+}
+
+/// Writes `rows` (in seq order) through `writer`, one run of rows with the same
+/// [`PARTITION_COLUMN`] value (`recorded_at`'s UTC date) at a time, each batch built by
+/// `batch_of`. Why not `DeltaWriter::write` with the whole page: it groups rows by
+/// partition by copying every column (`take`), about 2 % of the gateway's CPU under
+/// clearing load, for a page that nearly always falls on one date. A page that spans
+/// midnight is written as two runs.
+pub(crate) async fn write_by_date<T>(
+    writer: &mut RecordBatchWriter,
+    rows: &[T],
+    recorded_at: impl Fn(&T) -> chrono::DateTime<chrono::Utc>,
+    batch_of: impl Fn(&RecordBatchWriter, &[T]) -> Result<RecordBatch, DeltaError>,
+) -> Result<(), DeltaError> {
+    let mut rest = rows;
+    while let Some(first) = rest.first() {
+        let date = recorded_at(first).date_naive();
+        let run = rest
+            .iter()
+            .position(|r| recorded_at(r).date_naive() != date)
+            .unwrap_or(rest.len());
+        let (these, after) = rest.split_at(run);
+        let batch = batch_of(writer, these)?;
+        let partition = IndexMap::from([(
+            PARTITION_COLUMN.to_owned(),
+            Scalar::String(date.format("%Y-%m-%d").to_string()),
+        )]);
+        writer
+            .write_partition(batch, &partition, WriteMode::Default)
+            .await?;
+        rest = after;
+    }
+    Ok(())
 }
 
 /// Parquet settings for a table's data files: Snappy, as delta-rs writes by default, and
