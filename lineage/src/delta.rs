@@ -19,6 +19,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use aether_ledger::{Hash, RecordedEvent};
+use delta_kernel::expressions::Scalar;
 use deltalake::arrow::array::{
     ArrayRef, Int32Array, Int64Array, RecordBatch, StringBuilder, TimestampMicrosecondArray,
 };
@@ -30,9 +31,8 @@ use deltalake::parquet::basic::Compression;
 use deltalake::parquet::file::properties::WriterProperties;
 use deltalake::parquet::schema::types::ColumnPath;
 use deltalake::writer::{DeltaWriter, RecordBatchWriter, WriteMode};
-use delta_kernel::expressions::Scalar;
-use indexmap::IndexMap;
 use deltalake::{DeltaTable, DeltaTableError, TableProperty};
+use indexmap::IndexMap;
 
 /// Application id of the sink's Delta application transactions.
 pub const APP_ID: &str = "aether-ledger";
