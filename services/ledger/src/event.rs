@@ -187,11 +187,13 @@ fn printable(s: &str) -> String {
 impl NewEvent {
     pub(crate) fn validate(mut self, max_payload_bytes: usize) -> Result<ValidEvent, LedgerError> {
         validate_event_type(&self.event_type)?;
-        check_numbers(
-            "personal",
-            &serde_json::Value::Object(self.personal.clone()),
-            &mut String::from("$"),
-        )?;
+        if !self.personal.values().all(numbers_exact) {
+            check_numbers(
+                "personal",
+                &serde_json::Value::Object(self.personal.clone()),
+                &mut String::from("$"),
+            )?;
+        }
         let personal =
             crate::personal::seal(&mut self.payload, std::mem::take(&mut self.personal))?;
         let payload = canonical_object("payload", &self.payload, max_payload_bytes)?;
@@ -220,7 +222,9 @@ fn canonical_object(
             found: json_kind(value),
         });
     }
-    check_numbers(field, value, &mut String::from("$"))?;
+    if !numbers_exact(value) {
+        check_numbers(field, value, &mut String::from("$"))?;
+    }
     let text = hashing::canonical_json(value)?;
     if text.len() > limit {
         return Err(LedgerError::TooLarge {
@@ -243,7 +247,28 @@ fn json_kind(value: &serde_json::Value) -> &'static str {
     }
 }
 
-/// Rejects integers that RFC 8785 would silently round (|n| > 2^53 − 1): send them as strings.
+/// Whether every integer in `value` is one RFC 8785 keeps exact. The common case, checked
+/// without building the paths that only an error needs (they were an allocation per array
+/// element on every append).
+fn numbers_exact(value: &serde_json::Value) -> bool {
+    match value {
+        serde_json::Value::Number(n) => !inexact(n),
+        serde_json::Value::Array(items) => items.iter().all(numbers_exact),
+        serde_json::Value::Object(map) => map.values().all(numbers_exact),
+        _ => true,
+    }
+}
+
+fn inexact(n: &serde_json::Number) -> bool {
+    match (n.as_u64(), n.as_i64()) {
+        (Some(u), _) => u > MAX_SAFE_INTEGER,
+        (None, Some(i)) => i.unsigned_abs() > MAX_SAFE_INTEGER,
+        (None, None) => false,
+    }
+}
+
+/// Rejects integers that RFC 8785 would silently round (|n| > 2^53 − 1): send them as
+/// strings. The error names the first one's path.
 fn check_numbers(
     field: &'static str,
     value: &serde_json::Value,
@@ -251,12 +276,7 @@ fn check_numbers(
 ) -> Result<(), LedgerError> {
     match value {
         serde_json::Value::Number(n) => {
-            let unsafe_int = match (n.as_u64(), n.as_i64()) {
-                (Some(u), _) => u > MAX_SAFE_INTEGER,
-                (None, Some(i)) => i.unsigned_abs() > MAX_SAFE_INTEGER,
-                (None, None) => false,
-            };
-            if unsafe_int {
+            if inexact(n) {
                 return Err(LedgerError::InexactNumber {
                     field,
                     path: path.clone(),
