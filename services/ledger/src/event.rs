@@ -275,14 +275,12 @@ fn check_numbers(
     path: &mut String,
 ) -> Result<(), LedgerError> {
     match value {
-        serde_json::Value::Number(n) => {
-            if inexact(n) {
-                return Err(LedgerError::InexactNumber {
-                    field,
-                    path: path.clone(),
-                    number: n.to_string(),
-                });
-            }
+        serde_json::Value::Number(n) if inexact(n) => {
+            return Err(LedgerError::InexactNumber {
+                field,
+                path: path.clone(),
+                number: n.to_string(),
+            });
         }
         serde_json::Value::Array(items) => {
             for (i, item) in items.iter().enumerate() {
