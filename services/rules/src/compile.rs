@@ -26,7 +26,7 @@ use cel::{Context, Env, Program, Value};
 
 use crate::error::{PolicyError, Position};
 use crate::policy::{PolicyDocument, PolicyFormat, RuleSpec};
-use crate::value::{cel_type_name, to_cel};
+use crate::value::{cel_type_name, to_val};
 
 /// Longest expression accepted, in bytes.
 pub const MAX_EXPRESSION_BYTES: usize = 4096;
@@ -235,29 +235,20 @@ pub(crate) fn cel_env() -> Arc<Env> {
 }
 
 /// A CEL context binding `request` and `context` to already converted values.
-pub(crate) fn cel_context(
-    request: Value,
-    context: Value,
-) -> Result<Context<'static, 'static>, String> {
+fn cel_context(request: Box<dyn Val>, context: Box<dyn Val>) -> Context<'static, 'static> {
     let mut ctx = Context::with_env(cel_env());
-    for (name, value) in [("request", request), ("context", context)] {
-        let boxed: Box<dyn Val> = value
-            .try_into()
-            .map_err(|e: cel::ExecutionError| format!("cannot bind `{name}`: {e}"))?;
-        ctx.add_variable_as_val(name, boxed);
-    }
-    Ok(ctx)
+    ctx.add_variable_as_val("request", request);
+    ctx.add_variable_as_val("context", context);
+    ctx
 }
 
 /// Runs on the compiler thread: parse, walk, try, for every rule in order.
 fn compile_rules(specs: Vec<RuleSpec>) -> Result<Vec<CompiledRule>, PolicyError> {
     let sample = match (
-        to_cel(&crate::sample::sample_request()),
-        to_cel(&crate::sample::sample_context()),
+        to_val(&crate::sample::sample_request()),
+        to_val(&crate::sample::sample_context()),
     ) {
-        (Some(r), Some(c)) => {
-            cel_context(r, c).map_err(|message| PolicyError::CompilerUnavailable { message })?
-        }
+        (Some(r), Some(c)) => cel_context(r, c),
         _ => {
             return Err(PolicyError::CompilerUnavailable {
                 message: "the built-in sample cannot be converted".to_string(),

@@ -6,63 +6,22 @@
 //! that, and any other number a `double`.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use cel::Value;
 use cel::common::types::{
     CelBool, CelDouble, CelInt, CelList, CelMap, CelMapKey, CelNull, CelString, CelUInt,
 };
 use cel::common::value::Val;
-use cel::objects::{Key, Map};
 
 /// Deepest JSON nesting accepted in `request` and `context`.
 pub const MAX_INPUT_DEPTH: usize = 64;
 
-/// Converts a JSON value, or `None` when it nests deeper than [`MAX_INPUT_DEPTH`].
-pub(crate) fn to_cel(value: &serde_json::Value) -> Option<Value> {
-    convert(value, 0)
-}
-
-fn convert(value: &serde_json::Value, depth: usize) -> Option<Value> {
-    if depth > MAX_INPUT_DEPTH {
-        return None;
-    }
-    Some(match value {
-        serde_json::Value::Null => Value::Null,
-        serde_json::Value::Bool(b) => Value::Bool(*b),
-        serde_json::Value::Number(n) => {
-            if let Some(i) = n.as_i64() {
-                Value::Int(i)
-            } else if let Some(u) = n.as_u64() {
-                Value::UInt(u)
-            } else {
-                Value::Float(n.as_f64().unwrap_or(f64::NAN))
-            }
-        }
-        serde_json::Value::String(s) => Value::String(Arc::new(s.clone())),
-        serde_json::Value::Array(items) => {
-            let mut out = Vec::with_capacity(items.len());
-            for item in items {
-                out.push(convert(item, depth + 1)?);
-            }
-            Value::List(Arc::new(out))
-        }
-        serde_json::Value::Object(members) => {
-            let mut out: HashMap<Key, Value> = HashMap::with_capacity(members.len());
-            for (k, v) in members {
-                out.insert(Key::from(k.as_str()), convert(v, depth + 1)?);
-            }
-            Value::Map(Map { map: Arc::new(out) })
-        }
-    })
-}
-
-/// Converts a JSON value straight to the interpreter's value type, with the number rules of
-/// [`to_cel`], or `None` when it nests deeper than [`MAX_INPUT_DEPTH`].
+/// Converts a JSON value straight to the interpreter's value types, or `None` when it nests
+/// deeper than [`MAX_INPUT_DEPTH`].
 ///
-/// Why not `to_cel` and then `Box<dyn Val>::try_from`: that conversion copies a map or list
-/// and each of its members twice more; binding the request whole (`has(request.x)`) that
-/// way was a sixth of a decision's rule evaluation.
+/// Why not through the `Value` enum and `Box<dyn Val>::try_from`: that conversion copies a
+/// map or list and each of its members twice more; binding the request whole
+/// (`has(request.x)`) that way was a sixth of a decision's rule evaluation.
 pub(crate) fn to_val(value: &serde_json::Value) -> Option<Box<dyn Val>> {
     val(value, 0)
 }
@@ -133,8 +92,52 @@ pub(crate) fn cel_type_name(value: &Value) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::sync::Arc;
+
+    use cel::objects::{Key, Map};
     use serde_json::json;
+
+    use super::*;
+
+    /// Converts a JSON value to the interpreter's `Value` enum, or `None` when it nests deeper
+    /// than [`MAX_INPUT_DEPTH`]: the reference [`to_val`] is tested against.
+    fn to_cel(value: &serde_json::Value) -> Option<Value> {
+        convert(value, 0)
+    }
+
+    fn convert(value: &serde_json::Value, depth: usize) -> Option<Value> {
+        if depth > MAX_INPUT_DEPTH {
+            return None;
+        }
+        Some(match value {
+            serde_json::Value::Null => Value::Null,
+            serde_json::Value::Bool(b) => Value::Bool(*b),
+            serde_json::Value::Number(n) => {
+                if let Some(i) = n.as_i64() {
+                    Value::Int(i)
+                } else if let Some(u) = n.as_u64() {
+                    Value::UInt(u)
+                } else {
+                    Value::Float(n.as_f64().unwrap_or(f64::NAN))
+                }
+            }
+            serde_json::Value::String(s) => Value::String(Arc::new(s.clone())),
+            serde_json::Value::Array(items) => {
+                let mut out = Vec::with_capacity(items.len());
+                for item in items {
+                    out.push(convert(item, depth + 1)?);
+                }
+                Value::List(Arc::new(out))
+            }
+            serde_json::Value::Object(members) => {
+                let mut out: HashMap<Key, Value> = HashMap::with_capacity(members.len());
+                for (k, v) in members {
+                    out.insert(Key::from(k.as_str()), convert(v, depth + 1)?);
+                }
+                Value::Map(Map { map: Arc::new(out) })
+            }
+        })
+    }
 
     #[test]
     fn integers_are_ints_when_they_fit() {
@@ -145,6 +148,13 @@ mod tests {
             Some(Value::UInt(u64::MAX))
         ));
         assert!(matches!(to_cel(&json!(1.5)), Some(Value::Float(f)) if f == 1.5));
+        // The same for the conversion rules run with.
+        let int = to_val(&json!(-5)).unwrap();
+        assert_eq!(int.get_type(), CelInt::cel_type());
+        let uint = to_val(&json!(u64::MAX)).unwrap();
+        assert_eq!(uint.get_type(), CelUInt::cel_type());
+        let double = to_val(&json!(1.5)).unwrap();
+        assert_eq!(double.get_type(), CelDouble::cel_type());
     }
 
     #[test]
