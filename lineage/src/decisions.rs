@@ -279,7 +279,7 @@ fn to_record_batch<'a>(
     writer: &RecordBatchWriter,
     rows: &[Row<'a>],
 ) -> Result<RecordBatch, DeltaError> {
-    let schema = writer.arrow_schema();
+    let schema = crate::delta::file_schema(writer)?;
     let tz = match schema.field_with_name("recorded_at")?.data_type() {
         ArrowDataType::Timestamp(TimeUnit::Microsecond, tz) => tz.clone(),
         other => {
@@ -334,7 +334,6 @@ fn to_record_batch<'a>(
                 "cited_clauses" => strings(&|r| Cow::Borrowed(json_text(r.payload.cited_clauses))),
                 "snapshot_id" => strings(&|r| text(r.payload.snapshot_id)),
                 "trace_id" => strings(&|r| string_only(r.metadata.trace_id)),
-                "date" => owned(&|r| r.event.recorded_at.format("%Y-%m-%d").to_string()),
                 other => {
                     return Err(ArrowError::SchemaError(format!(
                         "the decisions table has an unknown column {other:?}"

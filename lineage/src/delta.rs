@@ -23,7 +23,7 @@ use delta_kernel::expressions::Scalar;
 use deltalake::arrow::array::{
     ArrayRef, Int32Array, Int64Array, RecordBatch, StringBuilder, TimestampMicrosecondArray,
 };
-use deltalake::arrow::datatypes::{DataType as ArrowDataType, TimeUnit};
+use deltalake::arrow::datatypes::{DataType as ArrowDataType, SchemaRef, TimeUnit};
 use deltalake::arrow::error::ArrowError;
 use deltalake::kernel::transaction::CommitProperties;
 use deltalake::kernel::{DataType, PrimitiveType, Transaction};
@@ -296,6 +296,17 @@ pub(crate) async fn write_by_date<T>(
     Ok(())
 }
 
+/// The writer's schema without [`PARTITION_COLUMN`]: what a data file holds. Batches for
+/// [`write_by_date`] are built in it, since the partition's value travels beside the batch
+/// and a date column would be built per row only to be dropped.
+pub(crate) fn file_schema(writer: &RecordBatchWriter) -> Result<SchemaRef, DeltaError> {
+    let schema = writer.arrow_schema();
+    let kept: Vec<usize> = (0..schema.fields().len())
+        .filter(|&i| schema.field(i).name() != PARTITION_COLUMN)
+        .collect();
+    Ok(Arc::new(schema.project(&kept)?))
+}
+
 /// Parquet settings for a table's data files: Snappy, as delta-rs writes by default, and
 /// plain encoding for `unique_columns`. A dictionary only pays for repeated values; for
 /// hashes, ids and event text the writer would intern every value (hashing and copying
@@ -404,12 +415,12 @@ fn check_schema(
     Ok(())
 }
 
-/// The events as one Arrow batch in the writer's schema (partition column included).
+/// The events as one Arrow batch in the data files' schema ([`file_schema`]).
 fn to_record_batch(
     writer: &RecordBatchWriter,
     events: &[&RecordedEvent],
 ) -> Result<RecordBatch, DeltaError> {
-    let schema = writer.arrow_schema();
+    let schema = file_schema(writer)?;
     let tz = match schema.field_with_name("recorded_at")?.data_type() {
         ArrowDataType::Timestamp(TimeUnit::Microsecond, tz) => tz.clone(),
         other => {
@@ -471,7 +482,6 @@ fn to_record_batch(
                 ),
                 "prev_hash" => strings(64, |e| to_hex(&e.prev_hash)),
                 "hash" => strings(64, |e| to_hex(&e.hash)),
-                "date" => strings(10, |e| e.recorded_at.format("%Y-%m-%d").to_string()),
                 other => {
                     return Err(ArrowError::SchemaError(format!(
                         "the events table has an unknown column {other:?}"
