@@ -1,6 +1,7 @@
 //! "Was `(member, request_id)` decided already?", asked for every new request, answered in
 //! batches: the lookups that arrive while one query runs go together into the next, one
-//! indexed query for all of them ([`EventStore::find_by_metadata`]).
+//! indexed query for all of them, on a connection of its own where that query is planned
+//! once ([`EventStore::metadata_lookup`]).
 //!
 //! Why: a query per request, planned each time, cost PostgreSQL about as much CPU as
 //! recording the decision itself.
@@ -17,6 +18,9 @@ const QUEUE: usize = 10_000;
 /// Request ids in one query.
 const MAX_PER_QUERY: usize = 500;
 const _: () = assert!(MAX_PER_QUERY <= MAX_LOOKUP_VALUES);
+
+/// Most times one query waits for more lookups by yielding to the runtime.
+const MAX_YIELDS: usize = 4;
 
 type Reply = oneshot::Sender<Result<Option<Answer>, ClearError>>;
 
@@ -59,23 +63,31 @@ impl RecordedLookups {
 }
 
 async fn run(store: EventStore, mut rx: mpsc::Receiver<Lookup>) {
+    // One connection of its own, its statement planned once (see `MetadataLookup`).
+    let mut lookup = store.metadata_lookup();
     let mut batch = Vec::with_capacity(MAX_PER_QUERY);
     while let Some(first) = rx.recv().await {
         batch.push(first);
-        while batch.len() < MAX_PER_QUERY {
-            match rx.try_recv() {
-                Ok(lookup) => batch.push(lookup),
-                Err(_) => break,
+        drain(&mut rx, &mut batch);
+        // Let the requests already queued on the runtime reach the queue too, while they
+        // keep arriving: a query costs PostgreSQL ~70 µs however few ids it holds, and
+        // without this each held a handful. An idle runtime runs this task again at once.
+        for _ in 0..MAX_YIELDS {
+            let before = batch.len();
+            if before >= MAX_PER_QUERY {
+                break;
+            }
+            tokio::task::yield_now().await;
+            drain(&mut rx, &mut batch);
+            if batch.len() == before {
+                break;
             }
         }
         let mut ids: Vec<String> = batch.iter().map(|l| l.request_id.clone()).collect();
         ids.sort_unstable();
         ids.dedup();
         metrics::histogram!("aether_clearing_lookup_batch_size").record(batch.len() as f64);
-        match store
-            .find_by_metadata("request_id", &ids, CLEARING_DECIDED)
-            .await
-        {
+        match lookup.find("request_id", &ids, CLEARING_DECIDED).await {
             Ok(events) => {
                 // The first decision of each (stream, request id): there is only one, as a
                 // repeat is never recorded.
@@ -105,6 +117,16 @@ async fn run(store: EventStore, mut rx: mpsc::Receiver<Lookup>) {
                     let _ = lookup.reply.send(Err(ClearError::Ledger(message.clone())));
                 }
             }
+        }
+    }
+}
+
+/// Moves queued lookups into `batch`, up to [`MAX_PER_QUERY`].
+fn drain(rx: &mut mpsc::Receiver<Lookup>, batch: &mut Vec<Lookup>) {
+    while batch.len() < MAX_PER_QUERY {
+        match rx.try_recv() {
+            Ok(lookup) => batch.push(lookup),
+            Err(_) => break,
         }
     }
 }

@@ -32,7 +32,7 @@ pub use hashing::Hash;
 pub use merkle_log::MerkleLog;
 pub use store::{
     AppendToStream, Direction, EventFilter, EventStore, FILTERABLE_METADATA, MAX_LOOKUP_VALUES,
-    StoreConfig, redact_url,
+    MetadataLookup, StoreConfig, redact_url,
 };
 pub use subscription::Subscription;
 pub use verify::{ChainVerifier, Problem, VerifyFailure, VerifyReport, verify_store};
