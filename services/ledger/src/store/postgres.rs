@@ -477,10 +477,11 @@ impl LookupConnection {
     /// The connection, opened on first use and again after a failure.
     async fn connection(&mut self) -> Result<&mut PgConnection, sqlx::Error> {
         use sqlx::Connection as _;
-        if self.conn.is_none() {
-            self.conn = Some(PgConnection::connect_with(&self.options).await?);
-        }
-        self.conn.as_mut().ok_or_else(|| sqlx::Error::PoolClosed)
+        let conn = match self.conn.take() {
+            Some(conn) => conn,
+            None => PgConnection::connect_with(&self.options).await?,
+        };
+        Ok(self.conn.insert(conn))
     }
 
     /// A connection that failed (the server restarted, an administrator ended the session)
