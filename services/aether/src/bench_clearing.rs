@@ -33,6 +33,7 @@ use clap::{Args, Subcommand};
 use prost::Message;
 use serde::{Deserialize, Serialize};
 use sm2::pkcs8::DecodePublicKey;
+use sqlx::Connection;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status, Streaming};
@@ -200,6 +201,25 @@ struct PhaseResult {
     postgres_cpu_secs: Option<f64>,
     /// Busy share of all cores over the measured interval (whole machine).
     machine_busy: Option<f64>,
+    /// What the server's PostgreSQL did over the measured interval (gateway only).
+    #[serde(default)]
+    postgres: Option<PostgresWindow>,
+}
+
+/// PostgreSQL's checkpoints and WAL over a measured interval. A checkpoint ends with an
+/// fsync of every file it wrote, and after it the first change to each page is logged
+/// whole; under clearing load the default `max_wal_size` (1 GB) starts one every ~12 s, so
+/// whether one fell in the interval explains much of a run's p99.9.
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq)]
+struct PostgresWindow {
+    /// Checkpoints that completed in the interval (timed and requested).
+    checkpoints: u64,
+    /// Of those, requested: by WAL volume (`max_wal_size`) or explicitly.
+    checkpoints_requested: u64,
+    /// WAL written by the whole cluster in the interval.
+    wal_bytes: u64,
+    max_wal_size: String,
+    checkpoint_timeout: String,
 }
 
 #[derive(Serialize)]
@@ -372,8 +392,7 @@ async fn measure(
             &format!("engine active; a probe trade was cleared (sealed answer {answer_len} bytes)"),
         );
         let (echo_url, echo_stop) = start_echo(data, answer_len).await?;
-        let database_name = database.map(|(_, name)| name);
-        let client = run_client(b, data, &server.grpc, &echo_url, server.pid, database_name).await;
+        let client = run_client(b, data, &server.grpc, &echo_url, server.pid, database).await;
         let _ = echo_stop.send(true);
         let (gateway, echo) = client?;
         // A bench that ran is reported even if the gauges cannot be read.
@@ -653,7 +672,7 @@ async fn run_client(
     gateway: &str,
     echo: &str,
     gateway_pid: u32,
-    database_name: Option<&str>,
+    database: Option<(&str, &str)>,
 ) -> anyhow::Result<(PhaseResult, Option<PhaseResult>)> {
     let exe = std::env::current_exe().context("cannot find the aether binary")?;
     let mut cmd = tokio::process::Command::new(exe);
@@ -672,8 +691,10 @@ async fn run_client(
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .kill_on_drop(true);
-    if let Some(name) = database_name {
+    if let Some((url, name)) = database {
         cmd.args(["--database-name", name]);
+        // In the environment, not on the command line, where `ps` would show a password.
+        cmd.env(POSTGRES_URL_ENV, url);
     }
     let child = cmd.spawn().context("cannot start the load client")?;
     let out = child.wait_with_output().await?;
@@ -694,6 +715,24 @@ async fn run_client(
         .context("the load client reported no gateway result")?;
     let echo = results.into_iter().find(|r| r.target == "echo");
     Ok((gateway, echo))
+}
+
+/// The report's line on PostgreSQL's checkpoints and WAL in the gateway's interval.
+fn postgres_line(w: &PostgresWindow, requests: u64) -> String {
+    let per_request = w
+        .wal_bytes
+        .checked_div(requests)
+        .map_or(String::new(), |b| {
+            format!(" ({:.1} KB per request)", b as f64 / 1000.0)
+        });
+    format!(
+        "PostgreSQL in the gateway's measured interval: {} checkpoint(s), {} of them requested (WAL volume or explicit); {:.0} MB of WAL{per_request}; max_wal_size {}, checkpoint_timeout {}",
+        w.checkpoints,
+        w.checkpoints_requested,
+        w.wal_bytes as f64 / 1e6,
+        w.max_wal_size,
+        w.checkpoint_timeout,
+    )
 }
 
 fn print_table(r: &Report) {
@@ -771,6 +810,9 @@ fn print_table(r: &Report) {
                 None => format!("not caught up after {} s", LINEAGE_CATCH_UP_LIMIT.as_secs()),
             }
         );
+    }
+    if let Some(w) = &g.postgres {
+        println!("{}", postgres_line(w, g.ok));
     }
     if let Some(ratio) = r.ratio_to_echo {
         println!("ratio gateway / echo: {ratio:.3}");
@@ -996,12 +1038,29 @@ async fn phase(
         };
         tasks.push(tokio::spawn(load_task(ctx)));
     }
+    // The server's database, for the gateway: its checkpoints and WAL in the interval.
+    let mut postgres = match (target, std::env::var(POSTGRES_URL_ENV)) {
+        (Target::Gateway, Ok(url)) => Some(
+            sqlx::PgConnection::connect(&url)
+                .await
+                .context("cannot connect to the server's database")?,
+        ),
+        _ => None,
+    };
     // CPU use over the measured interval only.
     tokio::time::sleep_until(measure_from).await;
     let database = args.database_name.as_deref();
     let before = CpuSnapshot::take(server_pid, database);
+    let wal_before = match postgres.as_mut() {
+        Some(conn) => Some(WalSnapshot::take(conn).await?),
+        None => None,
+    };
     tokio::time::sleep_until(measure_to).await;
     let after = CpuSnapshot::take(server_pid, database);
+    let postgres = match (postgres.as_mut(), wal_before) {
+        (Some(conn), Some(before)) => Some(WalSnapshot::take(conn).await?.since(&before)),
+        _ => None,
+    };
     let mut all = TaskStats {
         per_second: vec![0; args.duration_secs as usize],
         ..TaskStats::default()
@@ -1077,6 +1136,7 @@ async fn phase(
         server_cpu_secs: cpu(|s| s.server),
         postgres_cpu_secs: cpu(|s| s.postgres),
         machine_busy,
+        postgres,
     })
 }
 
@@ -1339,6 +1399,67 @@ pub(crate) fn trade_request(rng: &mut SplitMix, member: &str, value_date: &str) 
 /// `sysconf(_SC_CLK_TCK)` on Linux x86-64 and aarch64.
 const CLOCK_TICKS: f64 = 100.0;
 
+/// The scratch database's URL, handed to the load client.
+const POSTGRES_URL_ENV: &str = "AETHER_BENCH_POSTGRES_URL";
+
+/// PostgreSQL's cumulative checkpoint counts and WAL position at one moment.
+struct WalSnapshot {
+    checkpoints: u64,
+    requested: u64,
+    wal_lsn: u64,
+    max_wal_size: String,
+    checkpoint_timeout: String,
+}
+
+impl WalSnapshot {
+    async fn take(conn: &mut sqlx::PgConnection) -> anyhow::Result<WalSnapshot> {
+        // PostgreSQL 17 moved the counts to `pg_stat_checkpointer`.
+        let counts = if server_version(conn).await? >= 170_000 {
+            "SELECT num_timed + num_requested, num_requested FROM pg_stat_checkpointer"
+        } else {
+            "SELECT checkpoints_timed + checkpoints_req, checkpoints_req FROM pg_stat_bgwriter"
+        };
+        let (checkpoints, requested): (i64, i64) = sqlx::query_as(counts)
+            .fetch_one(&mut *conn)
+            .await
+            .context("cannot read PostgreSQL's checkpoint counts")?;
+        let (wal_lsn, max_wal_size, checkpoint_timeout): (i64, String, String) = sqlx::query_as(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint, \
+                    current_setting('max_wal_size'), current_setting('checkpoint_timeout')",
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .context("cannot read PostgreSQL's WAL position")?;
+        Ok(WalSnapshot {
+            checkpoints: u64::try_from(checkpoints).unwrap_or(0),
+            requested: u64::try_from(requested).unwrap_or(0),
+            wal_lsn: u64::try_from(wal_lsn).unwrap_or(0),
+            max_wal_size,
+            checkpoint_timeout,
+        })
+    }
+
+    fn since(&self, before: &WalSnapshot) -> PostgresWindow {
+        PostgresWindow {
+            checkpoints: self.checkpoints.saturating_sub(before.checkpoints),
+            checkpoints_requested: self.requested.saturating_sub(before.requested),
+            wal_bytes: self.wal_lsn.saturating_sub(before.wal_lsn),
+            max_wal_size: self.max_wal_size.clone(),
+            checkpoint_timeout: self.checkpoint_timeout.clone(),
+        }
+    }
+}
+
+async fn server_version(conn: &mut sqlx::PgConnection) -> anyhow::Result<i64> {
+    let (version,): (String,) = sqlx::query_as("SHOW server_version_num")
+        .fetch_one(&mut *conn)
+        .await
+        .context("cannot read PostgreSQL's version")?;
+    version
+        .parse()
+        .with_context(|| format!("unexpected server_version_num {version:?}"))
+}
+
 struct CpuSnapshot {
     client: Option<u64>,
     server: Option<u64>,
@@ -1517,6 +1638,57 @@ fn dechunk(mut raw: &[u8]) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_postgres_window_counts_checkpoints_and_wal() {
+        let url = aether_ledger::testing::admin_url();
+        let mut conn = sqlx::PgConnection::connect(&url)
+            .await
+            .expect("tests need PostgreSQL (scripts/test.sh provides one)");
+        let before = WalSnapshot::take(&mut conn).await.expect("first snapshot");
+        sqlx::raw_sql("CHECKPOINT")
+            .execute(&mut conn)
+            .await
+            .expect("CHECKPOINT (the tests connect as a superuser)");
+        let window = WalSnapshot::take(&mut conn)
+            .await
+            .expect("second snapshot")
+            .since(&before);
+        assert!(
+            window.checkpoints >= 1 && window.checkpoints_requested >= 1,
+            "an explicit CHECKPOINT is counted as a requested one: {window:?}"
+        );
+        assert!(
+            window.wal_bytes > 0,
+            "the checkpoint record is WAL: {window:?}"
+        );
+        assert!(!window.max_wal_size.is_empty() && !window.checkpoint_timeout.is_empty());
+    }
+
+    #[test]
+    fn the_postgres_line_gives_wal_per_request_only_when_there_were_requests() {
+        let w = PostgresWindow {
+            checkpoints: 2,
+            checkpoints_requested: 2,
+            wal_bytes: 1_070_000_000,
+            max_wal_size: "1GB".into(),
+            checkpoint_timeout: "5min".into(),
+        };
+        let line = postgres_line(&w, 200_000);
+        assert!(
+            line.contains("2 checkpoint(s), 2 of them requested"),
+            "{line}"
+        );
+        assert!(
+            line.contains("1070 MB of WAL (5.3 KB per request)"),
+            "{line}"
+        );
+        assert!(
+            line.contains("max_wal_size 1GB, checkpoint_timeout 5min"),
+            "{line}"
+        );
+        assert!(!postgres_line(&w, 0).contains("per request"));
+    }
 
     #[test]
     fn responses_are_parsed_plain_and_chunked() {
