@@ -1,8 +1,9 @@
 //! The lineage relay: follows the ledger from its stored cursor and writes each event's
 //! OpenLineage record into `lineage_records` (and, when configured, a JSON-lines file).
 //!
-//! At-least-once and idempotent: records are keyed by seq and inserted with "do nothing on
-//! conflict", the cursor is saved only after they commit, and the mapping is deterministic,
+//! At-least-once and idempotent: records are keyed by seq, a page goes in as one binary COPY
+//! (or, when one of its records is already there, with "do nothing on conflict"), the
+//! cursor is saved only after they commit, and the mapping is deterministic,
 //! so a crash between the two repeats identical work. The relay reads the ledger through
 //! a subscription, so a slow or failing relay never slows an append; its lag is a metric.
 
@@ -104,6 +105,19 @@ async fn insert(
     now: DateTime<Utc>,
 ) -> Result<(), sqlx::Error> {
     if let Some(pool) = store.postgres_pool() {
+        // A page as one binary COPY: PostgreSQL inserts the rows in bulk, with none of the
+        // array parsing and speculative insertion of the statement below (which cost it
+        // ~17 µs per record under clearing load against ~6 µs for the insert itself).
+        // COPY refuses the whole page if one record is already there (a page written again
+        // after a crash between the insert and the cursor's save, or a second relay on the
+        // same database), and the page then goes in through "do nothing on conflict".
+        match copy_page(pool, rows, now).await {
+            Ok(()) => return Ok(()),
+            Err(e) if is_unique_violation(&e) => {
+                metrics::counter!("aether_lineage_openlineage_copy_conflicts_total").increment(1);
+            }
+            Err(e) => return Err(e),
+        }
         // A page in one statement (columns as arrays), which is its own transaction: one
         // round trip instead of BEGIN, a statement per chunk and COMMIT.
         let seq: Vec<i64> = rows.iter().map(|r| r.seq).collect();
@@ -149,6 +163,66 @@ async fn insert(
     } else {
         Ok(())
     }
+}
+
+const COPY_RECORDS: &str = "COPY lineage_records \
+     (seq, event_id, run_id, job, openlineage_event, openlineage_at) FROM STDIN (FORMAT binary)";
+
+async fn copy_page(
+    pool: &sqlx::PgPool,
+    rows: &[Mapped],
+    now: DateTime<Utc>,
+) -> Result<(), sqlx::Error> {
+    let page = binary_page(rows, now)?;
+    let mut conn = pool.acquire().await?;
+    let mut copy = conn.copy_in_raw(COPY_RECORDS).await?;
+    if let Err(e) = copy.send(page).await {
+        // The server discards the partial page; a broken connection fails here as well.
+        let _ = copy
+            .abort("the lineage relay could not send its page")
+            .await;
+        return Err(e);
+    }
+    copy.finish().await.map(|_| ())
+}
+
+fn is_unique_violation(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some("23505"))
+}
+
+/// Microseconds from the Unix epoch to PostgreSQL's (2000-01-01T00:00:00Z).
+const POSTGRES_EPOCH_MICROS: i64 = 946_684_800_000_000;
+
+/// A page of records in PostgreSQL's binary COPY format: the signature, flags and an empty
+/// header extension; per row the field count and each field as its length and its binary
+/// value (bigint and timestamptz big-endian, a UUID's 16 bytes, text as UTF-8); -1 at the end.
+fn binary_page(rows: &[Mapped], now: DateTime<Utc>) -> Result<Vec<u8>, sqlx::Error> {
+    let at = now.timestamp_micros() - POSTGRES_EPOCH_MICROS;
+    let text_bytes: usize = rows.iter().map(|r| r.job.len() + r.json.len()).sum();
+    let mut out = Vec::with_capacity(19 + 2 + rows.len() * 80 + text_bytes);
+    out.extend_from_slice(b"PGCOPY\n\xff\r\n\0");
+    out.extend_from_slice(&0i32.to_be_bytes());
+    out.extend_from_slice(&0i32.to_be_bytes());
+    for r in rows {
+        out.extend_from_slice(&6i16.to_be_bytes());
+        field(&mut out, &r.seq.to_be_bytes())?;
+        field(&mut out, r.event_id.as_bytes())?;
+        field(&mut out, r.run_id.as_bytes())?;
+        field(&mut out, r.job.as_bytes())?;
+        field(&mut out, r.json.as_bytes())?;
+        field(&mut out, &at.to_be_bytes())?;
+    }
+    out.extend_from_slice(&(-1i16).to_be_bytes());
+    Ok(out)
+}
+
+fn field(out: &mut Vec<u8>, value: &[u8]) -> Result<(), sqlx::Error> {
+    let len = i32::try_from(value.len()).map_err(|_| {
+        sqlx::Error::Encode(format!("a {}-byte lineage record field", value.len()).into())
+    })?;
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(value);
+    Ok(())
 }
 
 /// Follows the ledger until `stop` turns true, writing OpenLineage records (and lines to
@@ -434,4 +508,48 @@ fn missing(head: u64, ranges: impl Iterator<Item = (u64, u64)>) -> Vec<u64> {
     }
     out.extend(next..=head);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_binary_page_is_laid_out_as_postgres_reads_copy() {
+        let row = Mapped {
+            seq: 258,
+            event_id: Uuid::from_bytes([1; 16]),
+            run_id: Uuid::from_bytes([2; 16]),
+            job: "ledger.x",
+            json: "{\"a\":1}".to_owned(),
+        };
+        // PostgreSQL's epoch plus one second.
+        let now = DateTime::from_timestamp(946_684_801, 0).expect("a valid time");
+        let page = binary_page(&[row], now).expect("encodes");
+
+        let mut want = b"PGCOPY\n\xff\r\n\0".to_vec();
+        want.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0]); // flags, header extension
+        want.extend_from_slice(&[0, 6]); // six fields
+        want.extend_from_slice(&[0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 1, 2]); // seq 258
+        want.extend_from_slice(&[0, 0, 0, 16]);
+        want.extend_from_slice(&[1; 16]);
+        want.extend_from_slice(&[0, 0, 0, 16]);
+        want.extend_from_slice(&[2; 16]);
+        want.extend_from_slice(&[0, 0, 0, 8]);
+        want.extend_from_slice(b"ledger.x");
+        want.extend_from_slice(&[0, 0, 0, 7]);
+        want.extend_from_slice(b"{\"a\":1}");
+        want.extend_from_slice(&[0, 0, 0, 8]);
+        want.extend_from_slice(&1_000_000i64.to_be_bytes()); // µs after 2000-01-01
+        want.extend_from_slice(&[0xff, 0xff]); // end of data
+        assert_eq!(page, want);
+    }
+
+    #[test]
+    fn an_empty_page_is_only_the_header_and_the_trailer() {
+        let page = binary_page(&[], Utc::now()).expect("encodes");
+        assert_eq!(page.len(), 19 + 2);
+        assert!(page.starts_with(b"PGCOPY\n\xff\r\n\0"));
+        assert!(page.ends_with(&[0xff, 0xff]));
+    }
 }

@@ -1,5 +1,6 @@
 //! The OpenLineage relay on a PostgreSQL ledger (a fresh database on the test server):
-//! every event gets its record in one statement per page, a second relay over the same
+//! every event gets its record in one COPY per page (a page written again keeps what is
+//! stored and fills the gaps), a second relay over the same
 //! cursor writes nothing twice, and the records table takes the cheap write path of
 //! migration 0009 (no per-row foreign-key lock on `events`, LZ4 for the JSON).
 
@@ -62,6 +63,63 @@ async fn every_event_gets_one_record_on_postgres() {
     .expect("column");
     if lz4_built {
         assert_eq!(compression, "l", "openlineage_event compresses with LZ4");
+    }
+
+    store.shutdown().await;
+    pool.close().await;
+    db.drop_database().await;
+}
+
+/// A page is written with one COPY, which refuses the whole page when one of its records
+/// is already stored: after a crash between the insert and the cursor's save the relay
+/// reads the page again, and the records it lacks must still be written, the others kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_written_again_keeps_its_records_and_fills_the_gaps() {
+    let db = TestDatabase::create().await;
+    let store = EventStore::connect(&db.url, StoreConfig::default())
+        .await
+        .expect("open the ledger");
+    let pool = store.postgres_pool().expect("a PostgreSQL ledger").clone();
+
+    append(&store, 1, 30).await;
+    write_records(&store).await;
+    let before: Vec<(i64, String, String)> = sqlx::query_as(
+        "SELECT seq, openlineage_event, openlineage_at::text FROM lineage_records ORDER BY seq",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("read the records");
+    assert_eq!(before.len(), 30);
+
+    // As if the relay had written only part of a page and lost its cursor.
+    sqlx::query("DELETE FROM lineage_records WHERE seq BETWEEN 10 AND 20 AND seq <> 15")
+        .execute(&pool)
+        .await
+        .expect("remove some records");
+    store
+        .save_position(aether_lineage::relay::OPENLINEAGE_CURSOR, 0)
+        .await
+        .expect("rewind the cursor");
+    write_records(&store).await;
+
+    let after: Vec<(i64, String, String)> = sqlx::query_as(
+        "SELECT seq, openlineage_event, openlineage_at::text FROM lineage_records ORDER BY seq",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("read the records");
+    assert_eq!(after.len(), 30, "every event has exactly one record again");
+    for (old, new) in before.iter().zip(&after) {
+        assert_eq!(old.0, new.0);
+        assert_eq!(old.1, new.1, "seq {}: the same record, mapped again", old.0);
+        let rewritten = (10..=20).contains(&old.0) && old.0 != 15;
+        if !rewritten {
+            assert_eq!(
+                old.2, new.2,
+                "seq {}: a stored record is kept, not rewritten",
+                old.0
+            );
+        }
     }
 
     store.shutdown().await;
