@@ -11,13 +11,25 @@ use aether_lineage::relay::record;
 mod support;
 use support::{append_policies as append, write_records};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_event_gets_one_record_on_postgres() {
+/// A ledger on a fresh database of the test server, and its pool for direct reads.
+async fn open_ledger() -> (TestDatabase, EventStore, sqlx::PgPool) {
     let db = TestDatabase::create().await;
     let store = EventStore::connect(&db.url, StoreConfig::default())
         .await
         .expect("open the ledger");
     let pool = store.postgres_pool().expect("a PostgreSQL ledger").clone();
+    (db, store, pool)
+}
+
+async fn close(db: TestDatabase, store: EventStore, pool: sqlx::PgPool) {
+    store.shutdown().await;
+    pool.close().await;
+    db.drop_database().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_event_gets_one_record_on_postgres() {
+    let (db, store, pool) = open_ledger().await;
 
     append(&store, 1, 40).await;
     write_records(&store).await;
@@ -65,9 +77,7 @@ async fn every_event_gets_one_record_on_postgres() {
         assert_eq!(compression, "l", "openlineage_event compresses with LZ4");
     }
 
-    store.shutdown().await;
-    pool.close().await;
-    db.drop_database().await;
+    close(db, store, pool).await;
 }
 
 /// A page is written with one COPY, which refuses the whole page when one of its records
@@ -75,11 +85,7 @@ async fn every_event_gets_one_record_on_postgres() {
 /// reads the page again, and the records it lacks must still be written, the others kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_page_written_again_keeps_its_records_and_fills_the_gaps() {
-    let db = TestDatabase::create().await;
-    let store = EventStore::connect(&db.url, StoreConfig::default())
-        .await
-        .expect("open the ledger");
-    let pool = store.postgres_pool().expect("a PostgreSQL ledger").clone();
+    let (db, store, pool) = open_ledger().await;
 
     append(&store, 1, 30).await;
     write_records(&store).await;
@@ -122,7 +128,5 @@ async fn a_page_written_again_keeps_its_records_and_fills_the_gaps() {
         }
     }
 
-    store.shutdown().await;
-    pool.close().await;
-    db.drop_database().await;
+    close(db, store, pool).await;
 }
