@@ -21,6 +21,16 @@ async fn open_ledger() -> (TestDatabase, EventStore, sqlx::PgPool) {
     (db, store, pool)
 }
 
+/// Every stored record as (seq, its JSON, when it was written), in seq order.
+async fn stored_records(pool: &sqlx::PgPool) -> Vec<(i64, String, String)> {
+    sqlx::query_as(
+        "SELECT seq, openlineage_event, openlineage_at::text FROM lineage_records ORDER BY seq",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("read the records")
+}
+
 async fn close(db: TestDatabase, store: EventStore, pool: sqlx::PgPool) {
     store.shutdown().await;
     pool.close().await;
@@ -89,12 +99,7 @@ async fn a_page_written_again_keeps_its_records_and_fills_the_gaps() {
 
     append(&store, 1, 30).await;
     write_records(&store).await;
-    let before: Vec<(i64, String, String)> = sqlx::query_as(
-        "SELECT seq, openlineage_event, openlineage_at::text FROM lineage_records ORDER BY seq",
-    )
-    .fetch_all(&pool)
-    .await
-    .expect("read the records");
+    let before = stored_records(&pool).await;
     assert_eq!(before.len(), 30);
 
     // As if the relay had written only part of a page and lost its cursor.
@@ -108,12 +113,7 @@ async fn a_page_written_again_keeps_its_records_and_fills_the_gaps() {
         .expect("rewind the cursor");
     write_records(&store).await;
 
-    let after: Vec<(i64, String, String)> = sqlx::query_as(
-        "SELECT seq, openlineage_event, openlineage_at::text FROM lineage_records ORDER BY seq",
-    )
-    .fetch_all(&pool)
-    .await
-    .expect("read the records");
+    let after = stored_records(&pool).await;
     assert_eq!(after.len(), 30, "every event has exactly one record again");
     for (old, new) in before.iter().zip(&after) {
         assert_eq!(old.0, new.0);
