@@ -573,21 +573,35 @@ mod tests {
     use crate::testing::TestDatabase;
     use crate::{EventStore, ExpectedVersion, NewEvent, StoreConfig};
 
+    /// A ledger on a fresh database of the test server, and its pool for direct queries.
+    async fn open_ledger() -> (TestDatabase, EventStore, sqlx::PgPool) {
+        let db = TestDatabase::create().await;
+        let store = EventStore::connect(&db.url, StoreConfig::default())
+            .await
+            .unwrap();
+        let pool = store.postgres_pool().unwrap().clone();
+        (db, store, pool)
+    }
+
+    async fn close(db: TestDatabase, store: EventStore, pool: sqlx::PgPool) {
+        store.shutdown().await;
+        pool.close().await;
+        db.drop_database().await;
+    }
+
+    /// A clearing decision whose metadata names request `r-{n}`.
+    fn decided(n: u64) -> NewEvent {
+        NewEvent::new("ClearingDecided", json!({"n": n}))
+            .with_metadata(json!({"request_id": format!("r-{n}")}))
+    }
+
     /// A kept lookup connection plans its statement once, on whatever statistics the
     /// ledger has then; the plan is an index probe even when made on a ledger analysed
     /// with three events (where PostgreSQL's own generic plan scans every event), it finds
     /// what later appends add, and it survives its session being ended.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_kept_lookup_plans_once_and_still_probes_the_index() {
-        let db = TestDatabase::create().await;
-        let store = EventStore::connect(&db.url, StoreConfig::default())
-            .await
-            .unwrap();
-        let pool = store.postgres_pool().unwrap().clone();
-        let decided = |n: u64| {
-            NewEvent::new("ClearingDecided", json!({"n": n}))
-                .with_metadata(json!({"request_id": format!("r-{n}")}))
-        };
+        let (db, store, pool) = open_ledger().await;
         let append = |range: std::ops::Range<u64>| {
             store.append(
                 "clearing/m1",
@@ -674,9 +688,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(found.len(), 1);
-        store.shutdown().await;
-        pool.close().await;
-        db.drop_database().await;
+        close(db, store, pool).await;
     }
 
     /// A batch's lookup on a ledger that outgrew its statistics (analysed while empty, as
@@ -684,19 +696,11 @@ mod tests {
     /// every event.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_batch_lookup_probes_the_index_whatever_the_statistics() {
-        let db = TestDatabase::create().await;
-        let store = EventStore::connect(&db.url, StoreConfig::default())
-            .await
-            .unwrap();
-        let pool = store.postgres_pool().unwrap().clone();
+        let (db, store, pool) = open_ledger().await;
         sqlx::raw_sql("ANALYZE events")
             .execute(&pool)
             .await
             .unwrap();
-        let decided = |n: u64| {
-            NewEvent::new("ClearingDecided", json!({"n": n}))
-                .with_metadata(json!({"request_id": format!("r-{n}")}))
-        };
         store
             .append(
                 "clearing/m1",
@@ -732,9 +736,7 @@ mod tests {
             found.iter().map(|e| e.stream_version).collect::<Vec<_>>(),
             [8, 3000]
         );
-        store.shutdown().await;
-        pool.close().await;
-        db.drop_database().await;
+        close(db, store, pool).await;
     }
 
     /// After the server dropped every connection (a restart, a failover, an administrator),
