@@ -9,6 +9,7 @@
 
 use std::path::PathBuf;
 
+use aether_ledger::pg_binary::{BinaryRows, copy_in};
 use aether_ledger::{EventStore, LedgerError, RecordedEvent};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -173,56 +174,34 @@ async fn copy_page(
     rows: &[Mapped],
     now: DateTime<Utc>,
 ) -> Result<(), sqlx::Error> {
-    let page = binary_page(rows, now)?;
     let mut conn = pool.acquire().await?;
-    let mut copy = conn.copy_in_raw(COPY_RECORDS).await?;
-    if let Err(e) = copy.send(page).await {
-        // The server discards the partial page; a broken connection fails here as well.
-        let _ = copy
-            .abort("the lineage relay could not send its page")
-            .await;
-        return Err(e);
-    }
-    copy.finish().await.map(|_| ())
+    copy_in(
+        &mut conn,
+        COPY_RECORDS,
+        binary_page(rows, now)?,
+        "the lineage relay",
+    )
+    .await
 }
 
 fn is_unique_violation(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some("23505"))
 }
 
-/// Microseconds from the Unix epoch to PostgreSQL's (2000-01-01T00:00:00Z).
-const POSTGRES_EPOCH_MICROS: i64 = 946_684_800_000_000;
-
-/// A page of records in PostgreSQL's binary COPY format: the signature, flags and an empty
-/// header extension; per row the field count and each field as its length and its binary
-/// value (bigint and timestamptz big-endian, a UUID's 16 bytes, text as UTF-8); -1 at the end.
+/// A page of records as binary COPY data, in [`COPY_RECORDS`]' column order.
 fn binary_page(rows: &[Mapped], now: DateTime<Utc>) -> Result<Vec<u8>, sqlx::Error> {
-    let at = now.timestamp_micros() - POSTGRES_EPOCH_MICROS;
     let text_bytes: usize = rows.iter().map(|r| r.job.len() + r.json.len()).sum();
-    let mut out = Vec::with_capacity(19 + 2 + rows.len() * 80 + text_bytes);
-    out.extend_from_slice(b"PGCOPY\n\xff\r\n\0");
-    out.extend_from_slice(&0i32.to_be_bytes());
-    out.extend_from_slice(&0i32.to_be_bytes());
+    let mut data = BinaryRows::new(6, rows.len() * 80 + text_bytes);
     for r in rows {
-        out.extend_from_slice(&6i16.to_be_bytes());
-        field(&mut out, &r.seq.to_be_bytes())?;
-        field(&mut out, r.event_id.as_bytes())?;
-        field(&mut out, r.run_id.as_bytes())?;
-        field(&mut out, r.job.as_bytes())?;
-        field(&mut out, r.json.as_bytes())?;
-        field(&mut out, &at.to_be_bytes())?;
+        data.row()
+            .int8(r.seq)
+            .uuid(&r.event_id)
+            .uuid(&r.run_id)
+            .text(r.job)?
+            .text(&r.json)?
+            .timestamptz(&now);
     }
-    out.extend_from_slice(&(-1i16).to_be_bytes());
-    Ok(out)
-}
-
-fn field(out: &mut Vec<u8>, value: &[u8]) -> Result<(), sqlx::Error> {
-    let len = i32::try_from(value.len()).map_err(|_| {
-        sqlx::Error::Encode(format!("a {}-byte lineage record field", value.len()).into())
-    })?;
-    out.extend_from_slice(&len.to_be_bytes());
-    out.extend_from_slice(value);
-    Ok(())
+    Ok(data.finish())
 }
 
 /// Follows the ledger until `stop` turns true, writing OpenLineage records (and lines to
@@ -543,13 +522,5 @@ mod tests {
         want.extend_from_slice(&1_000_000i64.to_be_bytes()); // µs after 2000-01-01
         want.extend_from_slice(&[0xff, 0xff]); // end of data
         assert_eq!(page, want);
-    }
-
-    #[test]
-    fn an_empty_page_is_only_the_header_and_the_trailer() {
-        let page = binary_page(&[], Utc::now()).expect("encodes");
-        assert_eq!(page.len(), 19 + 2);
-        assert!(page.starts_with(b"PGCOPY\n\xff\r\n\0"));
-        assert!(page.ends_with(&[0xff, 0xff]));
     }
 }

@@ -28,11 +28,15 @@ use aether_ledger::{EventStore, StoreConfig, redact_url, verify_store};
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
 
-/// mimalloc instead of the system allocator: the service allocates many small, short-lived
+/// jemalloc instead of the system allocator: the service allocates many small, short-lived
 /// values per request (JSON and CEL values, rows), where glibc malloc spent a quarter of the
-/// CPU under load (BENCHMARKS.md).
+/// CPU under load. Not mimalloc, used before: most of its time was cache misses on blocks
+/// another thread had freed (a request is built on one thread, committed and dropped on
+/// another), while jemalloc reuses a freed block on the thread that freed it; the gateway
+/// used less CPU per decision in each of eight alternated pairs (1–30 %, median 11 %;
+/// BENCHMARKS.md).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 #[derive(Parser)]
 #[command(

@@ -15,6 +15,7 @@ mod jcs;
 pub mod merkle;
 pub mod merkle_log;
 pub mod personal;
+pub mod pg_binary;
 pub mod sm3_lanes;
 mod store;
 pub mod subscription;
