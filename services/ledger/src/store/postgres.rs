@@ -383,8 +383,8 @@ pub(crate) async fn query(
             .push(")");
     }
     for (key, value) in &filter.metadata {
-        // The key is spliced as a literal so that an expression index on it (e.g.
-        // `events_request_id`) applies; only the fixed list of plain names ever gets here.
+        // The key is spliced into the SQL so that its index applies (see
+        // `metadata_member`); only the fixed list of plain names ever gets here.
         let Some(key) = crate::store::filter::FILTERABLE_METADATA
             .iter()
             .find(|k| **k == key.as_str())
@@ -393,7 +393,7 @@ pub(crate) async fn query(
                 "metadata member {key:?} cannot be filtered on"
             )));
         };
-        q.push(format!(" AND (metadata::json ->> '{key}') = "))
+        q.push(format!(" AND {} = ", metadata_member(key)))
             .push_bind(value);
     }
     q.push(match cursor {
@@ -523,11 +523,21 @@ fn lookup_sql(key: &str) -> String {
         concat!(
             "SELECT e.* FROM (SELECT DISTINCT v FROM UNNEST($1::text[]) AS u(v)) AS r ",
             "CROSS JOIN LATERAL (",
-            select_events!("WHERE (metadata::json ->> '{}') = r.v OFFSET 0"),
+            select_events!("WHERE {} = r.v OFFSET 0"),
             ") AS e ORDER BY e.seq"
         ),
-        key
+        metadata_member(key)
     )
+}
+
+/// The SQL for metadata member `key` (one of the fixed filterable names) as its indexes
+/// read it: the request id is a generated column with a hash index of its own
+/// (`events_request_id`); others are the member of the metadata text.
+fn metadata_member(key: &str) -> String {
+    match key {
+        "request_id" => "request_id".to_owned(),
+        _ => format!("(metadata::json ->> '{key}')"),
+    }
 }
 
 /// The newest event recorded at or before `at`: its seq and time. A backward scan of the
@@ -586,7 +596,8 @@ mod tests {
             .with_metadata(json!({"request_id": format!("r-{n}")}))
     }
 
-    /// Rows `first..first + 3` of stream `direct`, each with one personal side row.
+    /// Rows `first..first + 3` of stream `direct`, decisions of requests `r-{seq}`, each
+    /// with one personal side row.
     fn direct_rows(first: i64) -> Vec<super::EventRow> {
         let at = chrono::DateTime::from_timestamp_micros(1_796_169_600_123_456).unwrap();
         (first..first + 3)
@@ -595,10 +606,10 @@ mod tests {
                 stream_id: "direct/x".into(),
                 stream_version: seq,
                 event_id: uuid::Uuid::now_v7(),
-                event_type: "Happened".into(),
+                event_type: "ClearingDecided".into(),
                 schema_version: 2,
                 payload: format!("{{\"n\":{seq},\"text\":\"é\"}}"),
-                metadata: "{}".into(),
+                metadata: format!("{{\"request_id\":\"r-{seq}\"}}"),
                 recorded_at: at,
                 prev_hash: [1; 32],
                 hash: [u8::try_from(seq).unwrap(); 32],
@@ -671,6 +682,54 @@ mod tests {
                 vec![("buyer".into(), format!("\"B{}\"", row.seq), vec![7; 16])]
             );
         }
+        close(db, store, pool).await;
+    }
+
+    /// A ledger written before the request id became a generated column: the upgrade
+    /// computes it for the rows already there, so their decisions are still found by
+    /// request id, in a filter and in the gateway's batched lookup, as are later ones.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn decisions_written_before_the_request_id_column_are_still_found() {
+        let db = TestDatabase::create().await;
+        let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+        let mut earlier = sqlx::migrate!("../../migrations/postgres");
+        earlier.migrations = earlier
+            .migrations
+            .iter()
+            .filter(|m| m.version < 20261207000012)
+            .cloned()
+            .collect::<Vec<_>>()
+            .into();
+        earlier.run(&pool).await.unwrap();
+        super::insert_rows(&pool, &direct_rows(1)).await.unwrap();
+        pool.close().await;
+
+        let store = EventStore::connect(&db.url, StoreConfig::default())
+            .await
+            .unwrap();
+        let pool = store.postgres_pool().unwrap().clone();
+        let column: Vec<Option<String>> =
+            sqlx::query_scalar("SELECT request_id FROM events ORDER BY seq")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        assert_eq!(column, ["r-1", "r-2", "r-3"].map(|r| Some(r.to_owned())));
+        store
+            .append("s/4", ExpectedVersion::NoStream, vec![decided(4)])
+            .await
+            .unwrap();
+        let wanted = ["r-2", "r-4", "r-9"].map(str::to_owned);
+        let found = store
+            .find_by_metadata("request_id", &wanted, "ClearingDecided")
+            .await
+            .unwrap();
+        assert_eq!(found.iter().map(|e| e.seq).collect::<Vec<_>>(), [2, 4]);
+        let batched = store
+            .metadata_lookup()
+            .find("request_id", &wanted, "ClearingDecided")
+            .await
+            .unwrap();
+        assert_eq!(batched.iter().map(|e| e.seq).collect::<Vec<_>>(), [2, 4]);
         close(db, store, pool).await;
     }
 
