@@ -141,8 +141,9 @@ pub(crate) async fn delete_personal_field(
 }
 
 /// The batch's events, and the side rows of their personal members, as binary COPY data
-/// ([`crate::pg_binary`]): cheaper for the server than one `INSERT … SELECT * FROM UNNEST`
-/// of column arrays (~5 µs per event, BENCHMARKS.md).
+/// ([`crate::pg_binary`]): in SQL ~5 µs per event cheaper for the server than one
+/// `INSERT … SELECT * FROM UNNEST` of column arrays, though under clearing load the extra
+/// round trips of a transaction around two COPYs take about as much back (BENCHMARKS.md).
 const COPY_EVENTS: &str = "COPY events (seq, stream_id, stream_version, event_id, event_type, \
      schema_version, payload, metadata, recorded_at, prev_hash, hash) FROM STDIN (FORMAT binary)";
 const COPY_PERSONAL: &str =
