@@ -419,10 +419,8 @@ impl ClearingGateway {
             .map_err(|e| ClearError::NoEngine(format!("the engine's policies cannot run: {e}")))?;
         let corpora = self.inner.control.corpora.current_versions();
         let cited = self.cited(&evaluation.cited_clauses());
-        let snapshot_id =
-            self.inner
-                .snapshot_ids
-                .id(&route, &hex::encode(evaluation.rules_digest), &corpora);
+        let rules_digest = hex::encode(evaluation.rules_digest);
+        let snapshot_id = self.inner.snapshot_ids.id(&route, &rules_digest, &corpora);
 
         // Score in a batch; while the candidate's fallback path is on, the baseline
         // decides a request the candidate fails.
@@ -503,7 +501,7 @@ impl ClearingGateway {
                 "latency_us": latency_us,
                 "snapshot_id": snapshot_id,
                 "snapshot": {
-                    "rules_digest": hex::encode(evaluation.rules_digest),
+                    "rules_digest": rules_digest,
                     "corpora": corpora,
                 },
             }),
