@@ -393,4 +393,6 @@ async fn the_fallback_path_lets_the_baseline_decide_what_the_candidate_fails() {
     };
     let got = drain(&mut rx, |got| candidate_errors(got) >= fallbacks.len()).await;
     assert_eq!(candidate_errors(&got), fallbacks.len());
+
+    db.drop_database().await;
 }
