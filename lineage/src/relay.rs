@@ -185,7 +185,7 @@ async fn copy_page(
 }
 
 fn is_unique_violation(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some("23505"))
+    matches!(e, sqlx::Error::Database(d) if d.is_unique_violation())
 }
 
 /// A page of records as binary COPY data, in [`COPY_RECORDS`]' column order.

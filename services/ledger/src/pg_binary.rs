@@ -16,9 +16,10 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::PgConnection;
 use uuid::Uuid;
 
-const SIGNATURE: &[u8; 11] = b"PGCOPY\n\xff\r\n\0";
+/// How binary COPY data starts (read back by `store::pg_copy` too).
+pub(crate) const SIGNATURE: &[u8; 11] = b"PGCOPY\n\xff\r\n\0";
 /// Microseconds from the Unix epoch to PostgreSQL's (2000-01-01T00:00:00Z).
-const PG_EPOCH_MICROS: i64 = 946_684_800_000_000;
+pub(crate) const PG_EPOCH_MICROS: i64 = 946_684_800_000_000;
 
 /// A value longer than a COPY field can hold (2 GiB).
 #[derive(Debug, thiserror::Error)]

@@ -17,12 +17,10 @@ use uuid::Uuid;
 
 use crate::error::LedgerError;
 use crate::event::RecordedEvent;
+use crate::pg_binary::{PG_EPOCH_MICROS, SIGNATURE};
 
-const SIGNATURE: &[u8; 11] = b"PGCOPY\n\xff\r\n\0";
 /// Columns of `select_events!`, in its order.
 const COLUMNS: i16 = 11;
-/// PostgreSQL's epoch (2000-01-01T00:00:00Z) in Unix microseconds.
-const PG_EPOCH_MICROS: i64 = 946_684_800_000_000;
 
 /// Streams every event with `seq >= from_seq` in seq order to `pages`, `page_len` at a
 /// time. Stops early, without error, when the receiver is dropped.

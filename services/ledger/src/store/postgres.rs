@@ -71,13 +71,22 @@ pub(crate) async fn insert_rows(pool: &PgPool, rows: &[EventRow]) -> Result<(), 
     if !has_personal(rows) {
         return insert(&mut *pool.acquire().await?, rows).await;
     }
+    inserted_in_transaction(pool, rows).await?.commit().await
+}
+
+/// A transaction holding `rows`, not yet committed. On failure it is rolled back now, not
+/// when the connection is next used: until then its rows would hold the seqs that the
+/// writer is about to insert again.
+async fn inserted_in_transaction<'c>(
+    pool: &PgPool,
+    rows: &[EventRow],
+) -> Result<sqlx::Transaction<'c, sqlx::Postgres>, sqlx::Error> {
     let mut tx = pool.begin().await?;
     if let Err(e) = insert(&mut tx, rows).await {
-        // Rolled back now, not when the connection is next used (see below).
         let _ = tx.rollback().await;
         return Err(e);
     }
-    tx.commit().await
+    Ok(tx)
 }
 
 /// Inserts a batch while the one before it may still be in the database, on another
@@ -89,13 +98,7 @@ pub(crate) async fn insert_rows_after(
     rows: &[EventRow],
     after: oneshot::Receiver<bool>,
 ) -> Result<(), InsertError> {
-    let mut tx = pool.begin().await?;
-    if let Err(e) = insert(&mut tx, rows).await {
-        // Rolled back now, not when the connection is next used: until then its rows
-        // would hold the seqs that the writer is about to insert again.
-        let _ = tx.rollback().await;
-        return Err(e.into());
-    }
+    let tx = inserted_in_transaction(pool, rows).await?;
     if after.await != Ok(true) {
         // Dropping the transaction would roll back too; saying so frees the rows now.
         let _ = tx.rollback().await;
