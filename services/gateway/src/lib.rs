@@ -8,6 +8,7 @@ pub mod batcher;
 pub mod certs;
 pub mod clearing;
 pub mod client;
+pub mod coalesce;
 pub mod envelope;
 pub mod identity;
 mod lookups;

@@ -37,6 +37,7 @@ use tokio_stream::Stream;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 
 use crate::certs::PkiLayout;
+use crate::coalesce::Coalesced;
 use crate::identity::Role;
 
 /// How long a client may take to complete the TLS handshake before it is dropped.
@@ -341,8 +342,8 @@ pub fn client_tls_config(paths: &TlsPaths) -> Result<ClientTlsConfig, TlsError> 
 }
 
 /// Stream of TLS 1.3 connections with verified client certificates, for
-/// `Server::serve_with_incoming`. Yields `TlsStream<TcpStream>`, whose connect info
-/// makes `Request::peer_certs()` work.
+/// `Server::serve_with_incoming`. Yields `TlsStream<TcpStream>` with coalesced writes
+/// ([`Coalesced`]); its connect info makes `Request::peer_certs()` work.
 pub struct TlsIncoming {
     rx: mpsc::Receiver<TlsStream<TcpStream>>,
     local_addr: Option<std::net::SocketAddr>,
@@ -363,10 +364,12 @@ impl TlsIncoming {
 }
 
 impl Stream for TlsIncoming {
-    type Item = Result<TlsStream<TcpStream>, io::Error>;
+    type Item = Result<Coalesced<TlsStream<TcpStream>>, io::Error>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.rx.poll_recv(cx).map(|conn| conn.map(Ok))
+        self.rx
+            .poll_recv(cx)
+            .map(|conn| conn.map(|tls| Ok(Coalesced::new(tls))))
     }
 }
 
