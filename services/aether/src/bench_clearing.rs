@@ -25,7 +25,7 @@ use aether_gateway::pb::v1::{
     SealedBatchRequest, SealedBatchResponse, SealedRequest, SealedResponse, Trade,
 };
 use aether_gateway::service::{METHOD_SUBMIT, METHOD_SUBMIT_STREAM};
-use aether_gateway::tls::{ServerTls, TlsPaths, client_tls_config};
+use aether_gateway::tls::{ClientTls, ServerTls, TlsPaths};
 use aether_gpu_worker::reference::{self, REFERENCE_MODEL_REF};
 use aether_ledger::redact_url;
 use anyhow::{Context, bail};
@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 use sm2::pkcs8::DecodePublicKey;
 use sqlx::Connection;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 
 /// Members the development PKI issues certificates for; channels alternate between them.
@@ -990,17 +990,12 @@ async fn connect(
     data: &Path,
     member: &str,
 ) -> anyhow::Result<ClearingServiceClient<Channel>> {
-    let tls = client_tls_config(&TlsPaths::client(
+    let tls = ClientTls::load(&TlsPaths::client(
         &PkiLayout::new(data),
         Role::Member,
         member,
     ))?;
-    let channel = Endpoint::from_shared(url.to_owned())?
-        .tls_config(tls)?
-        .tcp_nodelay(true)
-        .connect()
-        .await
-        .with_context(|| format!("cannot connect to {url}"))?;
+    let channel = tls.connect(url).await?;
     Ok(ClearingServiceClient::new(channel))
 }
 

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use prost::Message;
 use sm2::pkcs8::DecodePublicKey;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::envelope::{
     Aad, Direction, EnvelopeError, KEY_HEADER, Sm4Key, encode_wrapped_key, open, seal, unix_now,
@@ -17,7 +17,7 @@ use crate::pb::v1::{
     SealedResponse,
 };
 use crate::service::{METHOD_SUBMIT, METHOD_SUBMIT_BATCH, METHOD_SUBMIT_STREAM};
-use crate::tls::{TlsError, TlsPaths, client_tls_config};
+use crate::tls::{ClientTls, TlsError, TlsPaths};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -83,13 +83,10 @@ impl ClearingClient {
             endpoint: endpoint.to_owned(),
             reason,
         };
-        let channel = Endpoint::from_shared(endpoint.to_owned())
-            .map_err(|e| connect_err(e.to_string()))?
-            .tls_config(client_tls_config(tls)?)
-            .map_err(|e| connect_err(e.to_string()))?
-            .connect()
+        let channel = ClientTls::load(tls)?
+            .connect(endpoint)
             .await
-            .map_err(|e| connect_err(e.to_string()))?;
+            .map_err(|e| connect_err(e.reason))?;
         Ok(ClearingClient {
             grpc: ClearingServiceClient::new(channel),
             server_key,

@@ -25,16 +25,19 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc};
-use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tokio_stream::Stream;
-use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+use tonic::transport::{
+    Certificate, Channel, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig, Uri,
+};
 
 use crate::certs::PkiLayout;
 use crate::coalesce::Coalesced;
@@ -339,6 +342,106 @@ pub fn client_tls_config(paths: &TlsPaths) -> Result<ClientTlsConfig, TlsError> 
         .ca_certificate(Certificate::from_pem(&material.ca_pem))
         .identity(Identity::from_pem(&material.cert_pem, &material.key_pem))
         .timeout(HANDSHAKE_TIMEOUT))
+}
+
+/// A client identity for gRPC over TLS 1.3 with our own connector: the connection's writes
+/// are [`Coalesced`] as on the server, so the requests a member's tasks queue in one turn of
+/// the scheduler leave in one TLS record and one system call rather than one each (a
+/// streaming client otherwise spends about a fifth of its time in `writev`). tonic's own
+/// TLS ([`client_tls_config`]) offers no way to wrap the stream.
+#[derive(Clone)]
+pub struct ClientTls {
+    config: Arc<rustls::ClientConfig>,
+}
+
+/// Why a channel could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot connect to {endpoint}: {reason}")]
+pub struct ConnectError {
+    /// The endpoint as given.
+    pub endpoint: String,
+    /// What failed, with its causes.
+    pub reason: String,
+}
+
+impl ClientTls {
+    /// Trusts `paths.ca` and presents `paths.cert`/`key`; the files are checked (the key
+    /// must match the certificate) before anything connects.
+    pub fn load(paths: &TlsPaths) -> Result<Self, TlsError> {
+        let material = Material::load(paths)?;
+        let mut config = rustls::ClientConfig::builder_with_provider(ring_provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| material.identity_error(e))?
+            .with_root_certificates(material.roots.clone())
+            .with_client_auth_cert(material.chain.clone(), material.key.clone_key())
+            .map_err(|e| material.identity_error(e))?;
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(ClientTls {
+            config: Arc::new(config),
+        })
+    }
+
+    /// An HTTP/2 channel to `endpoint` (`https://host:port`), the server's certificate
+    /// checked against the endpoint's host. Connects (TCP, then the TLS handshake within
+    /// [`HANDSHAKE_TIMEOUT`]) before it returns, and again after a lost connection.
+    pub async fn connect(&self, endpoint: &str) -> Result<Channel, ConnectError> {
+        let fail = |reason: String| ConnectError {
+            endpoint: endpoint.to_owned(),
+            reason,
+        };
+        let uri: Uri = endpoint
+            .parse()
+            .map_err(|e| fail(format!("not a URI: {e}")))?;
+        if uri.scheme_str() != Some("https") {
+            return Err(fail("the endpoint must be https://host:port".into()));
+        }
+        let authority = uri
+            .authority()
+            .ok_or_else(|| fail("the endpoint names no host".into()))?
+            .clone();
+        let host = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+        let port = authority.port_u16().unwrap_or(443);
+        let name = ServerName::try_from(host.clone())
+            .map_err(|e| fail(format!("{host} is not a server name: {e}")))?;
+        let tls = TlsConnector::from(self.config.clone());
+        let connector = tower::service_fn(move |_: Uri| {
+            let (tls, name, host) = (tls.clone(), name.clone(), host.clone());
+            async move {
+                let tcp = TcpStream::connect((host.as_str(), port)).await?;
+                tcp.set_nodelay(true)?;
+                let stream = tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.connect(name, tcp))
+                    .await
+                    .map_err(|_| {
+                        io::Error::new(io::ErrorKind::TimedOut, "the TLS handshake timed out")
+                    })??;
+                Ok::<_, io::Error>(TokioIo::new(Coalesced::new(stream)))
+            }
+        });
+        // tonic would add TLS of its own to an https:// URI: the connection is made from a
+        // plain one, and requests still name the https origin.
+        Endpoint::from_shared(format!("http://{authority}"))
+            .map_err(|e| fail(e.to_string()))?
+            .origin(uri)
+            .connect_with_connector(connector)
+            .await
+            .map_err(|e| fail(error_chain(&e)))
+    }
+}
+
+/// An error with its causes, `: `-separated (tonic's own text is only "transport error").
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// Stream of TLS 1.3 connections with verified client certificates, for
