@@ -16,7 +16,7 @@ use aether_gateway::pb::v1::{
     SealedRequest, SealedResponse,
 };
 use aether_gateway::tls::{
-    ServerTls, TlsPaths, client_tls_config, install_default_crypto_provider,
+    ClientTls, ServerTls, TlsPaths, client_tls_config, install_default_crypto_provider,
 };
 use tokio::net::TcpListener;
 use tokio_stream::Stream;
@@ -588,4 +588,46 @@ fn dev_certificates_carry_the_documented_names() {
             vec!["uri:aether://worker/gpu-1".to_owned()]
         )
     );
+}
+
+#[tokio::test]
+async fn the_coalescing_client_connector_is_identified_and_checks_the_server() {
+    install_default_crypto_provider();
+    let pki = standard_pki();
+    let addr = serve(&pki).await;
+    let paths = TlsPaths::client(&pki.layout, Role::Member, "bank-a");
+    let tls = ClientTls::load(&paths).expect("client tls");
+
+    // Over our connector the server sees bank-a's certificate.
+    let channel = tls
+        .connect(&format!("https://{addr}"))
+        .await
+        .expect("connect");
+    let answer = ClearingServiceClient::new(channel)
+        .submit(sealed("bank-a"))
+        .await
+        .expect("submit")
+        .into_inner();
+    let who = String::from_utf8(answer.ciphertext).expect("utf-8");
+    assert!(who.contains("bank-a"), "{who}");
+
+    // A plain-text endpoint is refused before anything connects.
+    let e = tls
+        .connect(&format!("http://{addr}"))
+        .await
+        .expect_err("http accepted");
+    assert!(e.to_string().contains("https://"), "{e}");
+
+    // A server whose certificate does not chain to the client's CA fails the handshake.
+    let other = new_pki(&["bank-a"], &[]);
+    let stranger = ClientTls::load(&TlsPaths {
+        ca: other.layout.ca().cert,
+        ..paths.clone()
+    })
+    .expect("client tls");
+    let e = stranger
+        .connect(&format!("https://{addr}"))
+        .await
+        .expect_err("an untrusted server was accepted");
+    assert!(e.to_string().contains(&addr.to_string()), "{e}");
 }
