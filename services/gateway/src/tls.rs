@@ -332,16 +332,22 @@ pub fn server_tls_config(paths: &TlsPaths) -> Result<ServerTlsConfig, TlsError> 
 /// override with `.domain_name(..)`. Needs [`install_default_crypto_provider`].
 pub fn client_tls_config(paths: &TlsPaths) -> Result<ClientTlsConfig, TlsError> {
     let material = Material::load(paths)?;
+    // Built only to check the files: tonic makes its own from the PEM below.
+    rustls_client_config(&material)?;
+    Ok(ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(&material.ca_pem))
+        .identity(Identity::from_pem(&material.cert_pem, &material.key_pem))
+        .timeout(HANDSHAKE_TIMEOUT))
+}
+
+/// TLS 1.3 only, trusting the material's CA and presenting its certificate.
+fn rustls_client_config(material: &Material) -> Result<rustls::ClientConfig, TlsError> {
     rustls::ClientConfig::builder_with_provider(ring_provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| material.identity_error(e))?
         .with_root_certificates(material.roots.clone())
         .with_client_auth_cert(material.chain.clone(), material.key.clone_key())
-        .map_err(|e| material.identity_error(e))?;
-    Ok(ClientTlsConfig::new()
-        .ca_certificate(Certificate::from_pem(&material.ca_pem))
-        .identity(Identity::from_pem(&material.cert_pem, &material.key_pem))
-        .timeout(HANDSHAKE_TIMEOUT))
+        .map_err(|e| material.identity_error(e))
 }
 
 /// A client identity for gRPC over TLS 1.3 with our own connector: the connection's writes
@@ -368,13 +374,7 @@ impl ClientTls {
     /// Trusts `paths.ca` and presents `paths.cert`/`key`; the files are checked (the key
     /// must match the certificate) before anything connects.
     pub fn load(paths: &TlsPaths) -> Result<Self, TlsError> {
-        let material = Material::load(paths)?;
-        let mut config = rustls::ClientConfig::builder_with_provider(ring_provider())
-            .with_protocol_versions(&[&rustls::version::TLS13])
-            .map_err(|e| material.identity_error(e))?
-            .with_root_certificates(material.roots.clone())
-            .with_client_auth_cert(material.chain.clone(), material.key.clone_key())
-            .map_err(|e| material.identity_error(e))?;
+        let mut config = rustls_client_config(&Material::load(paths)?)?;
         config.alpn_protocols = vec![b"h2".to_vec()];
         Ok(ClientTls {
             config: Arc::new(config),
