@@ -13,7 +13,7 @@ use std::time::Instant;
 use aether_control::rollout_controller::ObservationSender;
 use aether_control::{ControlState, EngineStatus, Origin, RolloutPhase};
 use aether_gpu_worker::{ClearingModel, DeviceChoice, Trade, TradeContext};
-use aether_ledger::hashing::{canonical_json, sm3};
+use aether_ledger::hashing::{canonical_json, sm3, to_hex};
 use aether_ledger::{EventStore, NewEvent, RecordedEvent};
 use aether_rules::Action;
 use chrono::{NaiveDate, Timelike, Utc};
@@ -419,7 +419,7 @@ impl ClearingGateway {
             .map_err(|e| ClearError::NoEngine(format!("the engine's policies cannot run: {e}")))?;
         let corpora = self.inner.control.corpora.current_versions();
         let cited = self.cited(&evaluation.cited_clauses());
-        let rules_digest = hex::encode(evaluation.rules_digest);
+        let rules_digest = to_hex(&evaluation.rules_digest);
         let snapshot_id = self.inner.snapshot_ids.id(&route, &rules_digest, &corpora);
 
         // Score in a batch; while the candidate's fallback path is on, the baseline
@@ -548,7 +548,7 @@ impl ClearingGateway {
             model_stage,
             receipt: Receipt {
                 seq: committed.seq,
-                event_hash: hex::encode(committed.hash),
+                event_hash: to_hex(&committed.hash),
                 snapshot_id,
                 trace_id: origin.trace_id,
             },

@@ -309,9 +309,15 @@ impl ClearingService for ClearingServer {
                             let (server, peer, header, tx) =
                                 (server.clone(), peer.clone(), header.clone(), tx.clone());
                             tasks.spawn(async move {
-                                let answer = server
-                                    .one(&peer, METHOD_SUBMIT_STREAM, header.as_deref(), sealed)
-                                    .await;
+                                // Boxed: the task then holds a pointer, not the whole
+                                // pipeline's state, which spawning copied more than once.
+                                let answer = Box::pin(server.one(
+                                    &peer,
+                                    METHOD_SUBMIT_STREAM,
+                                    header.as_deref(),
+                                    sealed,
+                                ))
+                                .await;
                                 let _ = tx.send(answer).await;
                             });
                         }

@@ -20,7 +20,8 @@ const MAX_EXACT_INTEGER: u64 = 1 << 53;
 
 /// The RFC 8785 text of `value`.
 pub fn to_string(value: &Value) -> String {
-    let mut out = Vec::with_capacity(256);
+    // Room for a clearing decision's payload (~1.1 KB) without growing several times.
+    let mut out = Vec::with_capacity(1536);
     write_value(value, &mut out);
     // Only UTF-8 was written: `str` pieces and ASCII.
     String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
@@ -73,10 +74,13 @@ fn write_object(map: &Map<String, Value>, out: &mut Vec<u8>) {
 /// UTF-8 agrees with it except where a character above U+FFFF meets one in
 /// U+E000..=U+FFFF, so only non-ASCII names take the slow comparison.
 fn utf16_order(a: &str, b: &str) -> Ordering {
-    if a.is_ascii() && b.is_ascii() {
-        a.cmp(b)
-    } else {
-        a.encode_utf16().cmp(b.encode_utf16())
+    let (x, y) = (a.as_bytes(), b.as_bytes());
+    match x.iter().zip(y).position(|(p, q)| p != q) {
+        // One is a prefix of the other: the shorter comes first in either order.
+        None => x.len().cmp(&y.len()),
+        // Two ASCII bytes that differ begin two different characters there.
+        Some(i) if x[i].is_ascii() && y[i].is_ascii() => x[i].cmp(&y[i]),
+        Some(_) => a.encode_utf16().cmp(b.encode_utf16()),
     }
 }
 
@@ -108,8 +112,21 @@ fn write_double(f: f64, out: &mut Vec<u8>) {
 }
 
 fn write_string(s: &str, out: &mut Vec<u8>) {
-    // Writing into a `Vec` cannot fail; serde_json escapes as JCS does.
-    let _ = serde_json::to_writer(&mut *out, s);
+    // Most strings need no escape (no quote, backslash or control character below
+    // U+0020): copied as they are, without serde_json's writer machinery per string.
+    // A fold without early exit, which the compiler vectorises; names and values are short.
+    let needs_escape = s.bytes().fold(false, |any, b| {
+        any | (b < 0x20) | (b == b'"') | (b == b'\\')
+    });
+    if !needs_escape {
+        out.reserve(s.len() + 2);
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    } else {
+        // Writing into a `Vec` cannot fail; serde_json escapes as JCS does.
+        let _ = serde_json::to_writer(&mut *out, s);
+    }
 }
 
 #[cfg(test)]
@@ -197,6 +214,18 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(2000))]
+        /// The fast comparison is the UTF-16 one on any names, ASCII or not.
+        #[test]
+        fn member_order_is_utf16_order(
+            prefix in "\\PC{0,3}",
+            x in "[a-z\u{7f}-\u{80}\u{e000}\u{fb33}\u{ffff}\u{10000}\u{1f600}]{0,3}",
+            y in "[a-z\u{7f}-\u{80}\u{e000}\u{fb33}\u{ffff}\u{10000}\u{1f600}]{0,3}",
+        ) {
+            let (a, b) = (format!("{prefix}{x}"), format!("{prefix}{y}"));
+            prop_assert_eq!(utf16_order(&a, &b), a.encode_utf16().cmp(b.encode_utf16()));
+            prop_assert_eq!(utf16_order(&b, &a), b.encode_utf16().cmp(a.encode_utf16()));
+        }
+
         /// The reference: `serde_jcs`, an independent implementation of RFC 8785.
         #[test]
         fn agrees_with_serde_jcs(value in arb_json()) {

@@ -44,7 +44,7 @@ pub struct PersonalField {
 }
 
 fn salt_hex<S: serde::Serializer>(salt: &[u8; 16], s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&hex::encode(salt))
+    s.serialize_str(&hashing::to_hex(salt))
 }
 
 /// `SM3("aether.personal.v1" ‖ salt ‖ value_jcs)`.
@@ -84,7 +84,7 @@ pub(crate) fn seal(
         let value = hashing::canonical_json(&value)?;
         let salt: [u8; 16] = rand::random();
         let placeholder =
-            serde_json::json!({ PLACEHOLDER_KEY: hex::encode(commitment(&salt, &value)) });
+            serde_json::json!({ PLACEHOLDER_KEY: hashing::to_hex(&commitment(&salt, &value)) });
         parent.insert(leaf.to_owned(), placeholder);
         fields.push(PersonalField {
             member,

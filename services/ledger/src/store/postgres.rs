@@ -881,6 +881,91 @@ mod tests {
         close(db, store, pool).await;
     }
 
+    /// The type and category indexes hold only the events that are not clearing decisions,
+    /// and filtered reads still find every event: the rare kinds through those indexes, the
+    /// decisions in seq order from the primary key.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_type_and_category_indexes_leave_the_decisions_out() {
+        let (db, store, pool) = open_ledger().await;
+        for round in 0..3_u64 {
+            store
+                .append(
+                    "clearing/m1",
+                    ExpectedVersion::Any,
+                    (0..1_000).map(|n| decided(round * 1_000 + n)).collect(),
+                )
+                .await
+                .unwrap();
+            store
+                .append(
+                    "engine/e1",
+                    ExpectedVersion::Any,
+                    vec![NewEvent::new("EngineActivated", json!({"round": round}))],
+                )
+                .await
+                .unwrap();
+        }
+        sqlx::raw_sql("VACUUM ANALYZE events")
+            .execute(&pool)
+            .await
+            .unwrap();
+        for index in ["events_event_type", "events_stream_category"] {
+            let entries: f32 =
+                sqlx::query_scalar("SELECT reltuples FROM pg_class WHERE relname = $1")
+                    .bind(index)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+            assert_eq!(entries, 3.0, "{index}");
+        }
+        for (filter, index) in [
+            ("event_type = 'EngineActivated'", "events_event_type"),
+            (
+                "split_part(stream_id, '/', 1) = 'engine'",
+                "events_stream_category",
+            ),
+        ] {
+            let plan: Vec<String> = sqlx::query_scalar(&format!(
+                "EXPLAIN SELECT seq FROM events WHERE seq > 0 AND {filter} ORDER BY seq LIMIT 10"
+            ))
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            let plan = plan.join("\n");
+            assert!(plan.contains(index), "{plan}");
+        }
+
+        let engine_seqs = [1_001, 2_002, 3_003];
+        let by_type = |event_type: &str| super::super::EventFilter {
+            event_type: Some(event_type.into()),
+            ..Default::default()
+        };
+        let by_category = |prefix: &str| super::super::EventFilter {
+            stream_prefix: Some(prefix.into()),
+            ..Default::default()
+        };
+        let seqs = |events: Vec<crate::RecordedEvent>| -> Vec<u64> {
+            events.iter().map(|e| e.seq).collect()
+        };
+        for filter in [by_type("EngineActivated"), by_category("engine/")] {
+            assert_eq!(
+                seqs(store.query(&filter, 0, 10).await.unwrap()),
+                engine_seqs
+            );
+            assert_eq!(
+                seqs(store.query_backward(&filter, u64::MAX, 1).await.unwrap()),
+                [3_003]
+            );
+        }
+        for filter in [by_type("ClearingDecided"), by_category("clearing/")] {
+            let page = seqs(store.query(&filter, 1_000, 3).await.unwrap());
+            assert_eq!(page, [1_002, 1_003, 1_004]);
+            let last = seqs(store.query_backward(&filter, u64::MAX, 2).await.unwrap());
+            assert_eq!(last, [3_002, 3_001]);
+        }
+        close(db, store, pool).await;
+    }
+
     /// After the server dropped every connection (a restart, a failover, an administrator),
     /// the next append succeeds: idle connections are pinged and replaced, not used dead.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
