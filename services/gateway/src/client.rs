@@ -48,7 +48,11 @@ impl From<tonic::Status> for ClientError {
 #[derive(Clone)]
 enum Keying {
     PerRequest,
-    Session { key_id: String, key: Sm4Key },
+    /// Boxed: a key carries its SM4-GCM key schedule (~300 bytes).
+    Session {
+        key_id: String,
+        key: Box<Sm4Key>,
+    },
 }
 
 /// A member's connection to the clearing gateway. Clones share the connection and the
@@ -108,7 +112,7 @@ impl ClearingClient {
             .into_inner();
         self.keying = Keying::Session {
             key_id: grant.key_id.clone(),
-            key,
+            key: Box::new(key),
         };
         Ok(grant.key_id)
     }
@@ -192,7 +196,7 @@ impl ClearingClient {
     fn call_key(&self) -> Result<CallKey, ClientError> {
         Ok(match &self.keying {
             Keying::Session { key_id, key } => CallKey {
-                key: key.clone(),
+                key: Sm4Key::clone(key),
                 key_id: key_id.clone(),
                 header: None,
             },
