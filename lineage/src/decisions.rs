@@ -11,6 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use aether_ledger::RecordedEvent;
+use aether_ledger::hashing::to_hex;
 use deltalake::DeltaTable;
 use deltalake::arrow::array::{
     ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
@@ -23,8 +24,7 @@ use deltalake::writer::{DeltaWriter, RecordBatchWriter};
 use serde_json::value::RawValue;
 
 use crate::delta::{
-    DeltaError, META_FIRST_SEQ, META_LAST_SEQ, open_table, to_hex, transaction_version,
-    writer_properties,
+    DeltaError, META_FIRST_SEQ, META_LAST_SEQ, open_table, transaction_version, writer_properties,
 };
 
 /// Application id of the decisions table's transactions.

@@ -18,7 +18,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use aether_ledger::{Hash, RecordedEvent};
+use aether_ledger::RecordedEvent;
+use aether_ledger::hashing::to_hex;
 use delta_kernel::expressions::Scalar;
 use deltalake::arrow::array::{
     ArrayRef, Int32Array, Int64Array, RecordBatch, StringBuilder, TimestampMicrosecondArray,
@@ -492,15 +493,4 @@ fn to_record_batch(
         })
         .collect::<Result<_, _>>()?;
     Ok(RecordBatch::try_new(schema, columns)?)
-}
-
-/// Lowercase hex of a hash.
-pub(crate) fn to_hex(hash: &Hash) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(hash.len() * 2);
-    for b in hash {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
-    }
-    out
 }
