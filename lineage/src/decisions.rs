@@ -6,7 +6,7 @@
 //! reopen every event with a seq at or below it is skipped. The decisions of a batch are
 //! a subset of the ledger, so seqs increase but are not contiguous.
 
-use std::borrow::Cow;
+use std::borrow::{Borrow, Cow};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -236,12 +236,20 @@ impl DecisionsSink {
     /// Writes the decisions among `events` (in seq order) not yet in the table as one
     /// commit that covers up to the last of `events`. Returns the table version, or `None`
     /// when there was nothing new to write.
-    pub async fn append(&mut self, events: &[RecordedEvent]) -> Result<Option<i64>, DeltaError> {
-        let Some(last) = events.last().filter(|e| e.seq > self.last_seq) else {
+    pub async fn append<E: Borrow<RecordedEvent> + Sync>(
+        &mut self,
+        events: &[E],
+    ) -> Result<Option<i64>, DeltaError> {
+        let Some(last) = events
+            .last()
+            .map(Borrow::borrow)
+            .filter(|e| e.seq > self.last_seq)
+        else {
             return Ok(None);
         };
         let rows: Vec<Row<'_>> = events
             .iter()
+            .map(Borrow::borrow)
             .filter(|e| e.seq > self.last_seq && e.event_type == CLEARING_DECIDED)
             .map(Row::of)
             .collect();

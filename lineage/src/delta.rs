@@ -15,6 +15,7 @@
 //!
 //! One sink per table: the sink reads the application transaction once, on open.
 
+use std::borrow::Borrow;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -197,8 +198,15 @@ impl DeltaSink {
     /// The new events must continue the table: seqs `last_seq + 1, last_seq + 2, ...` in
     /// order, each `prev_hash` the previous event's hash. Anything else is refused and
     /// nothing is written.
-    pub async fn append(&mut self, events: &[RecordedEvent]) -> Result<Option<i64>, DeltaError> {
-        let new: Vec<&RecordedEvent> = events.iter().filter(|e| e.seq > self.last_seq).collect();
+    pub async fn append<E: Borrow<RecordedEvent> + Sync>(
+        &mut self,
+        events: &[E],
+    ) -> Result<Option<i64>, DeltaError> {
+        let new: Vec<&RecordedEvent> = events
+            .iter()
+            .map(Borrow::borrow)
+            .filter(|e| e.seq > self.last_seq)
+            .collect();
         let (Some(first), Some(last)) = (new.first(), new.last()) else {
             return Ok(None);
         };

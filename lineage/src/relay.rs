@@ -8,6 +8,7 @@
 //! a subscription, so a slow or failing relay never slows an append; its lag is a metric.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use aether_ledger::pg_binary::{BinaryRows, copy_in};
 use aether_ledger::{EventStore, LedgerError, RecordedEvent};
@@ -70,7 +71,7 @@ struct Mapped {
 
 /// Maps `events`, each with the Delta `events` table version `delta_version(seq)` names.
 fn map(
-    events: &[RecordedEvent],
+    events: &[Arc<RecordedEvent>],
     ctx: &MappingContext,
     delta_version: impl Fn(u64) -> Option<i64>,
 ) -> Result<Vec<Mapped>, RelayError> {
@@ -292,7 +293,7 @@ async fn follow(
     let mut subscription = store.subscribe_named(OPENLINEAGE_CURSOR).await?;
     let committed = store.committed_seq();
     // Read from the ledger, not yet mapped: waiting for their Delta commit.
-    let mut pending: Vec<RecordedEvent> = Vec::new();
+    let mut pending: Vec<Arc<RecordedEvent>> = Vec::new();
     loop {
         if pending.is_empty() {
             pending = tokio::select! {
@@ -329,7 +330,7 @@ async fn follow(
                 _ = stop.changed() => return Ok(()),
             }
         }
-        let batch: Vec<RecordedEvent> = pending.drain(..ready).collect();
+        let batch: Vec<Arc<RecordedEvent>> = pending.drain(..ready).collect();
         let rows = map(&batch, &ctx, version_of)?;
         insert(&store, &rows, Utc::now()).await?;
         if let Some(path) = &jsonl {

@@ -153,7 +153,7 @@ async fn appends_survive_reopen_replays_write_nothing_and_gaps_are_refused() {
     assert_eq!(sink.append(&events[0..4]).await.unwrap(), Some(1));
     assert_eq!(sink.append(&events[4..7]).await.unwrap(), Some(2));
     assert_eq!(sink.append(&events[7..10]).await.unwrap(), Some(3));
-    assert_eq!(sink.append(&[]).await.unwrap(), None);
+    assert_eq!(sink.append::<RecordedEvent>(&[]).await.unwrap(), None);
     drop(sink);
 
     let mut sink = DeltaSink::open_or_create(&location).await.unwrap();

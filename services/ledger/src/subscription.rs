@@ -6,6 +6,7 @@
 //! commit signal only wakes it.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::LedgerError;
@@ -21,7 +22,7 @@ const POLL: Duration = Duration::from_millis(500);
 pub struct Subscription {
     store: EventStore,
     next_seq: u64,
-    buffer: VecDeque<RecordedEvent>,
+    buffer: VecDeque<Arc<RecordedEvent>>,
     name: Option<String>,
     committed: tokio::sync::watch::Receiver<u64>,
     /// The last read came back short: it reached the end of the ledger.
@@ -53,6 +54,11 @@ impl Subscription {
 
     /// The next event; waits for one to be committed when caught up.
     pub async fn next(&mut self) -> Result<RecordedEvent, LedgerError> {
+        self.next_shared().await.map(Arc::unwrap_or_clone)
+    }
+
+    /// [`Subscription::next`], shared with the ledger's other followers rather than copied.
+    async fn next_shared(&mut self) -> Result<Arc<RecordedEvent>, LedgerError> {
         loop {
             if let Some(event) = self.buffer.pop_front() {
                 return Ok(event);
@@ -74,9 +80,11 @@ impl Subscription {
         }
     }
 
-    /// Up to `max` events that are available now, waiting only if there are none.
-    pub async fn next_batch(&mut self, max: usize) -> Result<Vec<RecordedEvent>, LedgerError> {
-        let first = self.next().await?;
+    /// Up to `max` events that are available now, waiting only if there are none. Shared
+    /// with the ledger's other followers: events this process committed recently are the
+    /// very ones its other subscriptions get.
+    pub async fn next_batch(&mut self, max: usize) -> Result<Vec<Arc<RecordedEvent>>, LedgerError> {
+        let first = self.next_shared().await?;
         let mut out = vec![first];
         while out.len() < max {
             match self.buffer.pop_front() {

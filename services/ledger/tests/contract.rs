@@ -1695,7 +1695,7 @@ where
     let stored = h.store.read_all(1, 100).await.unwrap();
     let json = |e: &aether_ledger::RecordedEvent| serde_json::to_string(e).unwrap();
     assert_eq!(
-        followed.iter().map(json).collect::<Vec<_>>(),
+        followed.iter().map(|e| json(e)).collect::<Vec<_>>(),
         stored.iter().map(json).collect::<Vec<_>>()
     );
     let hashes = h.store.read_hashes_following(1, 100).await.unwrap();

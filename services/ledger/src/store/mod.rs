@@ -691,14 +691,21 @@ impl EventStore {
     /// database. A page from memory is what the database holds at those seqs but may end
     /// sooner (later events written by other processes), so a follower that sees a short
     /// page must still read again later, as it does for writes from other processes.
+    ///
+    /// Events from memory are shared with the tail and the other followers, not copied.
     pub async fn read_following(
         &self,
         from_seq: u64,
         limit: u32,
-    ) -> Result<Vec<RecordedEvent>, LedgerError> {
+    ) -> Result<Vec<Arc<RecordedEvent>>, LedgerError> {
         match self.inner.tail.events_from(from_seq, limit as usize) {
             Some(page) if !page.is_empty() => Ok(page),
-            _ => self.read_all(from_seq, limit).await,
+            _ => Ok(self
+                .read_all(from_seq, limit)
+                .await?
+                .into_iter()
+                .map(Arc::new)
+                .collect()),
         }
     }
 
@@ -932,7 +939,7 @@ mod tests {
         let from_db = store.read_all(1, 10).await.unwrap();
         let json = |e: &RecordedEvent| serde_json::to_string(e).unwrap();
         assert_eq!(
-            from_tail.iter().map(json).collect::<Vec<_>>(),
+            from_tail.iter().map(|e| json(e)).collect::<Vec<_>>(),
             from_db.iter().map(json).collect::<Vec<_>>()
         );
         assert_eq!(from_tail.len(), 3);
