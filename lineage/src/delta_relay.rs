@@ -12,7 +12,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use aether_ledger::{EventStore, RecordedEvent};
+use aether_ledger::EventStore;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tokio::sync::watch;
@@ -155,7 +155,7 @@ async fn follow(
                 version,
                 first_seq: before + 1,
                 last_seq: last.seq,
-                last_hash: hex_of(last),
+                last_hash: aether_ledger::hashing::to_hex(&last.hash),
             };
             insert_commit(&store, &commit, Utc::now()).await?;
             metrics::counter!("aether_lineage_delta_commits_total").increment(1);
@@ -189,10 +189,6 @@ async fn off_worker<F: std::future::Future>(write: F) -> F::Output {
         }
         _ => write.await,
     }
-}
-
-fn hex_of(event: &RecordedEvent) -> String {
-    event.hash.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Writes the `delta_commits` rows missing for commits already in the Delta log (a crash

@@ -95,7 +95,7 @@ impl ExternalEvent {
             run_id: text(&value["run"]["runId"]).map(|id| id.to_ascii_lowercase()),
             job,
             json: value.to_string(),
-            digest: hex(&sm3(canonical.as_bytes())),
+            digest: aether_ledger::hashing::to_hex(&sm3(canonical.as_bytes())),
         })
     }
 }
@@ -121,10 +121,6 @@ pub fn parse_request(body: &[u8]) -> Result<Vec<ExternalEvent>, IngestError> {
             .collect(),
         _ => Err(IngestError::NotAnEvent),
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn kind_name(kind: EventKind) -> &'static str {

@@ -665,9 +665,7 @@ mod tests {
     const VERIFY_CASES: u32 = 24;
     const TAMPER_CASES: u32 = 48;
 
-    fn hex(bytes: &[u8]) -> String {
-        bytes.iter().map(|b| format!("{b:02x}")).collect()
-    }
+    use crate::hashing::to_hex as hex;
 
     fn flip(hash: &Hash, bit: usize) -> Hash {
         let mut flipped = *hash;
