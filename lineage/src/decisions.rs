@@ -24,7 +24,8 @@ use deltalake::writer::{DeltaWriter, RecordBatchWriter};
 use serde_json::value::RawValue;
 
 use crate::delta::{
-    DeltaError, META_FIRST_SEQ, META_LAST_SEQ, open_table, transaction_version, writer_properties,
+    DeltaError, META_FIRST_SEQ, META_LAST_HASH, META_LAST_SEQ, open_table, transaction_version,
+    writer_properties,
 };
 
 /// Application id of the decisions table's transactions.
@@ -271,6 +272,10 @@ impl DecisionsSink {
                     serde_json::json!(first.event.seq),
                 ),
                 (META_LAST_SEQ.to_string(), serde_json::json!(last.seq)),
+                (
+                    META_LAST_HASH.to_string(),
+                    serde_json::json!(to_hex(&last.hash)),
+                ),
             ]);
         let mut writer = RecordBatchWriter::for_table(&self.table)?
             .with_commit_properties(properties)

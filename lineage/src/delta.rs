@@ -172,24 +172,7 @@ impl DeltaSink {
         &self,
         version: i64,
     ) -> Result<Option<serde_json::Map<String, serde_json::Value>>, DeltaError> {
-        let Ok(version) = u64::try_from(version) else {
-            return Ok(None);
-        };
-        let Some(bytes) = self.table.log_store().read_commit_entry(version).await? else {
-            return Ok(None);
-        };
-        for line in bytes.split(|b| *b == b'\n') {
-            if line.iter().all(u8::is_ascii_whitespace) {
-                continue;
-            }
-            let action: serde_json::Value = serde_json::from_slice(line).map_err(|e| {
-                DeltaTableError::Generic(format!("commit {version} has an unreadable line: {e}"))
-            })?;
-            if let Some(serde_json::Value::Object(info)) = action.get("commitInfo") {
-                return Ok(Some(info.clone()));
-            }
-        }
-        Ok(None)
+        commit_info(&self.table, version).await
     }
 
     /// Appends the events not yet in the table as one Delta commit and returns its version,
@@ -330,6 +313,32 @@ pub(crate) fn writer_properties(unique_columns: &[&str]) -> WriterProperties {
             |b, column| b.set_column_dictionary_enabled(ColumnPath::from(*column), false),
         )
         .build()
+}
+
+/// The `commitInfo` of `table`'s commit `version`: `None` when that version's log entry is
+/// gone or has no commit info. How a relay links a commit it made but did not record.
+pub(crate) async fn commit_info(
+    table: &DeltaTable,
+    version: i64,
+) -> Result<Option<serde_json::Map<String, serde_json::Value>>, DeltaError> {
+    let Ok(version) = u64::try_from(version) else {
+        return Ok(None);
+    };
+    let Some(bytes) = table.log_store().read_commit_entry(version).await? else {
+        return Ok(None);
+    };
+    for line in bytes.split(|b| *b == b'\n') {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let action: serde_json::Value = serde_json::from_slice(line).map_err(|e| {
+            DeltaTableError::Generic(format!("commit {version} has an unreadable line: {e}"))
+        })?;
+        if let Some(serde_json::Value::Object(info)) = action.get("commitInfo") {
+            return Ok(Some(info.clone()));
+        }
+    }
+    Ok(None)
 }
 
 /// Opens the table at `location` (a local directory, created if absent, or a URL),

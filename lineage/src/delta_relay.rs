@@ -14,10 +14,11 @@ use std::time::Duration;
 
 use aether_ledger::EventStore;
 use chrono::{DateTime, Utc};
+use deltalake::DeltaTable;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use crate::decisions::{DECISIONS_TABLE, DecisionsSink};
+use crate::decisions::{CLEARING_DECIDED, DECISIONS_TABLE, DecisionsSink};
 use crate::delta::{DeltaSink, META_FIRST_SEQ, META_LAST_HASH, META_LAST_SEQ, TABLE_NAME};
 use crate::relay::{RelayError, retry_until_stopped};
 
@@ -81,17 +82,20 @@ async fn follow(
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), RelayError> {
     let mut sink = DeltaSink::open_or_create(&config.location).await?;
-    let repaired = link_unrecorded_commits(&store, &sink).await?;
+    let mut decisions = match &config.decisions {
+        Some(path) => Some(DecisionsSink::open_or_create(path).await?),
+        None => None,
+    };
+    let mut repaired = link_unrecorded_commits(&store, &sink).await?;
+    if let Some(d) = &decisions {
+        repaired += link_unrecorded(&store, DECISIONS_TABLE, d.table()).await?;
+    }
     if repaired > 0 {
         tracing::warn!(
             commits = repaired,
             "linked Delta commits whose link was lost in a crash"
         );
     }
-    let mut decisions = match &config.decisions {
-        Some(path) => Some(DecisionsSink::open_or_create(path).await?),
-        None => None,
-    };
     // Resume at the first seq some table still lacks. The decisions table's transaction
     // only moves when a batch holds decisions, so the saved cursor (written after both
     // tables took a batch) bounds how far back that is.
@@ -144,27 +148,52 @@ async fn follow(
                 _ = stop.changed() => { stopping = true; break; }
             }
         }
+        let Some(last) = batch.last() else {
+            if stopping {
+                return Ok(());
+            }
+            continue;
+        };
+        let last_hash = aether_ledger::hashing::to_hex(&last.hash);
         let before = sink.last_seq();
-        if let Some(version) = off_worker(sink.append(&batch)).await?
-            && let Some(last) = batch.last()
-        {
-            // The batch may start below the table's cursor (a resume); the commit holds
-            // only what the table lacked.
-            let commit = DeltaCommit {
+        // The batch may start below a table's cursor (a resume); each commit holds only
+        // what its table lacked.
+        let events_commit = off_worker(sink.append(&batch))
+            .await?
+            .map(|version| DeltaCommit {
                 table: TABLE_NAME.to_owned(),
                 version,
                 first_seq: before + 1,
                 last_seq: last.seq,
-                last_hash: aether_ledger::hashing::to_hex(&last.hash),
-            };
-            insert_commit(&store, &commit, Utc::now()).await?;
+                last_hash: last_hash.clone(),
+            });
+        let mut decisions_commit = None;
+        if let Some(d) = decisions.as_mut() {
+            let before = d.last_seq();
+            if let Some(version) = off_worker(d.append(&batch)).await?
+                && let Some(first) = batch
+                    .iter()
+                    .find(|e| e.seq > before && e.event_type == CLEARING_DECIDED)
+            {
+                decisions_commit = Some(DeltaCommit {
+                    table: DECISIONS_TABLE.to_owned(),
+                    version,
+                    first_seq: first.seq,
+                    last_seq: last.seq,
+                    last_hash,
+                });
+            }
+        }
+        // Linked once both tables hold the batch; the OpenLineage relay maps an event only
+        // after the cursor below passes it, so it sees both links or neither.
+        if let Some(commit) = &decisions_commit {
+            insert_commit(&store, commit, Utc::now()).await?;
+            metrics::counter!("aether_lineage_delta_decision_commits_total").increment(1);
+        }
+        if let Some(commit) = &events_commit {
+            insert_commit(&store, commit, Utc::now()).await?;
             metrics::counter!("aether_lineage_delta_commits_total").increment(1);
             metrics::counter!("aether_lineage_delta_events_total").increment(batch.len() as u64);
-        }
-        if let Some(d) = decisions.as_mut()
-            && off_worker(d.append(&batch)).await?.is_some()
-        {
-            metrics::counter!("aether_lineage_delta_decision_commits_total").increment(1);
         }
         if let Some(last) = batch.last() {
             store.save_position(DELTA_CURSOR, last.seq).await?;
@@ -198,24 +227,38 @@ pub async fn link_unrecorded_commits(
     store: &EventStore,
     sink: &DeltaSink,
 ) -> Result<usize, RelayError> {
+    link_unrecorded(store, TABLE_NAME, sink.table()).await
+}
+
+/// [`link_unrecorded_commits`] for the commits of `table`, named `name` in `delta_commits`.
+async fn link_unrecorded(
+    store: &EventStore,
+    name: &str,
+    table: &DeltaTable,
+) -> Result<usize, RelayError> {
     let recorded = commits(store)
         .await?
         .iter()
+        .filter(|c| c.table == name)
         .map(|c| c.version)
         .max()
         .unwrap_or(-1);
+    let head = table
+        .version()
+        .map_or(-1, |v| i64::try_from(v).unwrap_or(i64::MAX));
     let mut written = 0;
-    for version in (recorded + 1).max(0)..=sink.version() {
-        let Some(meta) = sink.commit_metadata(version).await? else {
+    for version in (recorded + 1).max(0)..=head {
+        let Some(meta) = crate::delta::commit_info(table, version).await? else {
             continue;
         };
         let first = meta.get(META_FIRST_SEQ).and_then(|v| v.as_u64());
         let last = meta.get(META_LAST_SEQ).and_then(|v| v.as_u64());
         let hash = meta.get(META_LAST_HASH).and_then(|v| v.as_str());
-        // Versions without our metadata (the table's creation) hold no events.
+        // Versions without our metadata (the table's creation; decisions commits written
+        // before they named their last hash) are not linked.
         if let (Some(first_seq), Some(last_seq), Some(hash)) = (first, last, hash) {
             let commit = DeltaCommit {
-                table: TABLE_NAME.to_owned(),
+                table: name.to_owned(),
                 version,
                 first_seq,
                 last_seq,
@@ -291,13 +334,24 @@ pub async fn commits_covering(
     first: u64,
     last: u64,
 ) -> Result<Vec<DeltaCommit>, sqlx::Error> {
+    table_commits_covering(store, TABLE_NAME, first, last).await
+}
+
+/// The commits of the table named `table` in `delta_commits` (`events` or
+/// `clearing_decisions`) whose seq range meets `first..=last`, by seq.
+pub async fn table_commits_covering(
+    store: &EventStore,
+    table: &str,
+    first: u64,
+    last: u64,
+) -> Result<Vec<DeltaCommit>, sqlx::Error> {
     const SQL: &str = "SELECT delta_table, version, first_seq, last_seq, last_hash \
                        FROM delta_commits WHERE delta_table = $1 AND last_seq >= $2 \
                        AND first_seq <= $3 ORDER BY first_seq";
     let (first, last) = (first as i64, last as i64);
     let rows: Vec<CommitRow> = either_pool!(store, |pool, _time, _postgres| {
         sqlx::query_as(SQL)
-            .bind(TABLE_NAME)
+            .bind(table)
             .bind(first)
             .bind(last)
             .fetch_all(pool)

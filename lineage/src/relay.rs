@@ -69,11 +69,13 @@ struct Mapped {
     json: String,
 }
 
-/// Maps `events`, each with the Delta `events` table version `delta_version(seq)` names.
+/// Maps `events`, each with the Delta `events` table version `delta_version(seq)` names
+/// and (decisions) the `clearing_decisions` version `decisions_version(seq)` names.
 fn map(
     events: &[Arc<RecordedEvent>],
     ctx: &MappingContext,
     delta_version: impl Fn(u64) -> Option<i64>,
+    decisions_version: impl Fn(u64) -> Option<i64>,
 ) -> Result<Vec<Mapped>, RelayError> {
     let mut ctx = ctx.clone();
     let base = crate::run_event::schema_base_url(&ctx.schema_base_url)?;
@@ -81,6 +83,7 @@ fn map(
         .iter()
         .map(|e| {
             ctx.delta_version = delta_version(e.seq);
+            ctx.clearing_decisions_version = decisions_version(e.seq);
             let run_event = crate::run_event::to_run_event_under(e, &ctx, &base)?;
             let run_id = run_event.run.run_id;
             // Straight to text, members in the types' field order: through a sorted
@@ -210,9 +213,11 @@ fn binary_page(rows: &[Mapped], now: DateTime<Utc>) -> Result<Vec<u8>, sqlx::Err
 /// cursor: lineage is delayed, never dropped.
 ///
 /// Each record names the version of the Delta `events` table that holds its event (the
-/// `version` facet of the `delta/events` output), so the relay maps only events a
-/// `delta_commits` row already covers: it follows behind the Delta relay, and a slow Delta
-/// sink delays OpenLineage, never drops it.
+/// `version` facet of the `delta/events` output) and, for a decision, the version of the
+/// `clearing_decisions` table that holds its row, so the relay maps only events the Delta
+/// relay has finished with (its cursor, saved after both tables' commits are linked in
+/// `delta_commits`): it follows behind the Delta relay, and a slow Delta sink delays
+/// OpenLineage, never drops it.
 pub async fn run_openlineage_relay(
     store: EventStore,
     ctx: MappingContext,
@@ -225,7 +230,7 @@ pub async fn run_openlineage_relay(
 /// Whether the OpenLineage relay waits for each event's Delta table version.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeltaVersions {
-    /// Map an event only once its Delta commit is linked, naming that version.
+    /// Map an event only once the Delta relay has linked its commits, naming their versions.
     Wait,
     /// Map at once, with no Delta version (a ledger without a Delta sink).
     None,
@@ -305,22 +310,37 @@ async fn follow(
             continue;
         };
         let (first, last) = (first.seq, last.seq);
-        let commits = match delta {
-            DeltaVersions::Wait => {
-                crate::delta_relay::commits_covering(&store, first, last).await?
-            }
-            DeltaVersions::None => Vec::new(),
+        // The Delta relay saves its cursor once both of its tables hold a batch and their
+        // commits are linked, so up to the cursor each event's versions are final: a
+        // decision's `clearing_decisions` version is never left out for being late.
+        let (commits, decision_commits, linked_through) = match delta {
+            DeltaVersions::Wait => (
+                crate::delta_relay::commits_covering(&store, first, last).await?,
+                crate::delta_relay::table_commits_covering(
+                    &store,
+                    crate::decisions::DECISIONS_TABLE,
+                    first,
+                    last,
+                )
+                .await?,
+                store
+                    .load_position(crate::delta_relay::DELTA_CURSOR)
+                    .await?
+                    .unwrap_or(0),
+            ),
+            DeltaVersions::None => (Vec::new(), Vec::new(), u64::MAX),
         };
-        let version_of = |seq: u64| {
+        let version_in = |commits: &[crate::delta_relay::DeltaCommit], seq: u64| {
             commits
                 .iter()
                 .find(|c| c.first_seq <= seq && seq <= c.last_seq)
                 .map(|c| c.version)
         };
+        let version_of = |seq: u64| version_in(&commits, seq);
         let ready = match delta {
             DeltaVersions::Wait => pending
                 .iter()
-                .take_while(|e| version_of(e.seq).is_some())
+                .take_while(|e| e.seq <= linked_through && version_of(e.seq).is_some())
                 .count(),
             DeltaVersions::None => pending.len(),
         };
@@ -331,7 +351,9 @@ async fn follow(
             }
         }
         let batch: Vec<Arc<RecordedEvent>> = pending.drain(..ready).collect();
-        let rows = map(&batch, &ctx, version_of)?;
+        let rows = map(&batch, &ctx, version_of, |seq| {
+            version_in(&decision_commits, seq)
+        })?;
         insert(&store, &rows, Utc::now()).await?;
         if let Some(path) = &jsonl {
             append_lines(path, &rows).await?;

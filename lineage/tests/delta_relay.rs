@@ -44,6 +44,44 @@ async fn relay_until_caught_up(store: &EventStore, dir: &Path) {
     task.await.expect("relay task").expect("relay result");
 }
 
+/// An OpenLineage relay running on the ledger, waiting for the Delta relay's versions.
+struct OpenLineageRelay {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<Result<(), aether_lineage::relay::RelayError>>,
+}
+
+impl OpenLineageRelay {
+    fn start(store: &EventStore) -> Self {
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(aether_lineage::relay::run_openlineage_relay(
+            store.clone(),
+            aether_lineage::MappingContext::new(support::BASE),
+            None,
+            stop_rx,
+        ));
+        OpenLineageRelay { stop, task }
+    }
+
+    /// Waits until every event has its record, then stops the relay.
+    async fn finish_when_caught_up(self, store: &EventStore) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !reconcile(store)
+            .await
+            .expect("reconcile")
+            .missing_openlineage
+            .is_empty()
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "records never written"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.stop.send(true).expect("relay running");
+        self.task.await.expect("task").expect("relay");
+    }
+}
+
 /// The seq ranges named by the commit metadata of every table version, in order.
 async fn ranges_in_log(dir: &Path) -> Vec<(u64, u64)> {
     let sink = DeltaSink::open_or_create(dir.join("delta").join("events"))
@@ -260,40 +298,19 @@ async fn clearing_decisions_are_flattened_once_each_across_a_restart() {
 /// stopped it waits (nothing is dropped), and a restart resumes both.
 #[tokio::test]
 async fn openlineage_records_carry_the_delta_version_and_wait_for_it() {
-    use aether_lineage::MappingContext;
-    use aether_lineage::relay::{record, run_openlineage_relay};
+    use aether_lineage::relay::record;
 
     let dir = TempData::new("ol-delta");
     let store = open(&dir.0).await;
     append(&store, 1, 12).await;
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let openlineage = tokio::spawn(run_openlineage_relay(
-        store.clone(),
-        MappingContext::new(support::BASE),
-        None,
-        stop_rx,
-    ));
+    let openlineage = OpenLineageRelay::start(&store);
     // No Delta relay yet: no record may be written.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let report = reconcile(&store).await.expect("reconcile");
     assert_eq!(report.missing_openlineage.len(), 12, "{report:?}");
 
     relay_until_caught_up(&store, &dir.0).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !reconcile(&store)
-        .await
-        .expect("reconcile")
-        .missing_openlineage
-        .is_empty()
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "records never written"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    stop_tx.send(true).expect("relay running");
-    openlineage.await.expect("task").expect("relay");
+    openlineage.finish_when_caught_up(&store).await;
 
     for seq in 1..=12 {
         let r = record(&store, seq).await.expect("read").expect("record");
@@ -315,5 +332,98 @@ async fn openlineage_records_carry_the_delta_version_and_wait_for_it() {
         );
         assert_eq!(r.delta_version, Some(commit.version));
     }
+    store.shutdown().await;
+}
+
+/// A decision's OpenLineage record names both Delta tables that hold it: the `events`
+/// version and the `clearing_decisions` version, each the commit linked for its seq; and a
+/// decisions commit whose link was lost in a crash is linked again on restart.
+#[tokio::test]
+async fn a_decisions_record_names_its_clearing_decisions_version_and_lost_links_are_repaired() {
+    use aether_lineage::decisions::{DECISIONS_TABLE, DecisionsSink};
+    use aether_lineage::delta_relay::table_commits_covering;
+    use aether_lineage::relay::record;
+
+    let dir = TempData::new("ol-decisions");
+    let store = open(&dir.0).await;
+    append(&store, 1, 3).await;
+    decide(&store, "bank-a", "req-1", "125000").await;
+    append(&store, 10, 9).await;
+    decide(&store, "bank-a", "req-2", "7").await;
+    let openlineage = OpenLineageRelay::start(&store);
+    relay_until_caught_up(&store, &dir.0).await;
+    openlineage.finish_when_caught_up(&store).await;
+
+    let output_version = |event: &serde_json::Value, name: &str| {
+        event["outputs"]
+            .as_array()
+            .expect("outputs")
+            .iter()
+            .find(|d| d["namespace"] == "delta" && d["name"] == name)
+            .map(|d| d["facets"]["version"]["datasetVersion"].clone())
+    };
+    let mut versions = Vec::new();
+    for seq in [4, 14] {
+        let r = record(&store, seq).await.expect("read").expect("record");
+        assert_eq!(
+            r.openlineage_event["run"]["facets"]["aether_ledger"]["event_type"],
+            "ClearingDecided"
+        );
+        let linked = table_commits_covering(&store, DECISIONS_TABLE, seq, seq)
+            .await
+            .expect("lookup");
+        assert_eq!(linked.len(), 1, "seq {seq}: {linked:?}");
+        assert!(linked[0].first_seq <= seq && seq <= linked[0].last_seq);
+        assert_eq!(
+            output_version(&r.openlineage_event, DECISIONS_TABLE),
+            Some(json!(linked[0].version.to_string())),
+            "seq {seq}"
+        );
+        let events = commit_of(&store, seq)
+            .await
+            .expect("lookup")
+            .expect("linked");
+        assert_eq!(
+            output_version(&r.openlineage_event, "events"),
+            Some(json!(events.version.to_string()))
+        );
+        versions.push(linked[0].version);
+    }
+    // Two batches of at most 7 events apart: two decisions commits.
+    assert!(versions[0] < versions[1], "{versions:?}");
+    // Events that are not decisions write no clearing_decisions output.
+    let policy = record(&store, 1).await.expect("read").expect("record");
+    assert_eq!(
+        output_version(&policy.openlineage_event, DECISIONS_TABLE),
+        None
+    );
+
+    // A crash after a decisions commit but before its link: commit directly, unlinked.
+    decide(&store, "bank-c", "req-3", "9").await;
+    let events = store.read_all(15, 100).await.expect("read");
+    {
+        let mut sink = DecisionsSink::open_or_create(dir.0.join("delta").join(DECISIONS_TABLE))
+            .await
+            .expect("open table");
+        sink.append(&events)
+            .await
+            .expect("append")
+            .expect("a commit");
+    }
+    assert!(
+        table_commits_covering(&store, DECISIONS_TABLE, 15, 15)
+            .await
+            .expect("lookup")
+            .is_empty()
+    );
+    relay_until_caught_up(&store, &dir.0).await;
+    let linked = table_commits_covering(&store, DECISIONS_TABLE, 15, 15)
+        .await
+        .expect("lookup");
+    assert_eq!(linked.len(), 1, "{linked:?}");
+    assert_eq!((linked[0].first_seq, linked[0].last_seq), (15, 15));
+    // Each decision is in the table once: the restarted relay did not write it again.
+    let ids: Vec<String> = decision_rows(&dir.0).into_iter().map(|r| r.1).collect();
+    assert_eq!(ids, ["req-1", "req-2", "req-3"]);
     store.shutdown().await;
 }
