@@ -345,13 +345,33 @@ pub async fn table_commits_covering(
     first: u64,
     last: u64,
 ) -> Result<Vec<DeltaCommit>, sqlx::Error> {
+    covering(store, [table, table], first, last).await
+}
+
+/// The commits of both tables whose seq range meets `first..=last`, by seq: what the
+/// OpenLineage relay names, in one query per page.
+pub async fn both_tables_covering(
+    store: &EventStore,
+    first: u64,
+    last: u64,
+) -> Result<Vec<DeltaCommit>, sqlx::Error> {
+    covering(store, [TABLE_NAME, DECISIONS_TABLE], first, last).await
+}
+
+async fn covering(
+    store: &EventStore,
+    tables: [&str; 2],
+    first: u64,
+    last: u64,
+) -> Result<Vec<DeltaCommit>, sqlx::Error> {
     const SQL: &str = "SELECT delta_table, version, first_seq, last_seq, last_hash \
-                       FROM delta_commits WHERE delta_table = $1 AND last_seq >= $2 \
-                       AND first_seq <= $3 ORDER BY first_seq";
+                       FROM delta_commits WHERE delta_table IN ($1, $2) AND last_seq >= $3 \
+                       AND first_seq <= $4 ORDER BY first_seq";
     let (first, last) = (first as i64, last as i64);
     let rows: Vec<CommitRow> = either_pool!(store, |pool, _time, _postgres| {
         sqlx::query_as(SQL)
-            .bind(table)
+            .bind(tables[0])
+            .bind(tables[1])
             .bind(first)
             .bind(last)
             .fetch_all(pool)

@@ -19,6 +19,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 use uuid::Uuid;
 
+use crate::decisions::{CLEARING_DECIDED, DECISIONS_TABLE};
 use crate::{LineageError, MappingContext, job_name};
 
 /// Name of the relay's cursor in the ledger's subscription positions.
@@ -79,25 +80,26 @@ fn map(
 ) -> Result<Vec<Mapped>, RelayError> {
     let mut ctx = ctx.clone();
     let base = crate::run_event::schema_base_url(&ctx.schema_base_url)?;
-    events
-        .iter()
-        .map(|e| {
-            ctx.delta_version = delta_version(e.seq);
-            ctx.clearing_decisions_version = decisions_version(e.seq);
-            let run_event = crate::run_event::to_run_event_under(e, &ctx, &base)?;
-            let run_id = run_event.run.run_id;
-            // Straight to text, members in the types' field order: through a sorted
-            // `Value` tree, this was a third of the relay's work per event.
-            let json = serde_json::to_string(&run_event)?;
-            Ok(Mapped {
-                seq: e.seq as i64,
-                event_id: e.event_id,
-                run_id,
-                job: job_name(&e.event_type),
-                json,
-            })
-        })
-        .collect()
+    // Sized up front: collecting through `Result` gives no size hint, and a page of
+    // hundreds of rows grew (and was copied) many times over.
+    let mut rows = Vec::with_capacity(events.len());
+    for e in events {
+        ctx.delta_version = delta_version(e.seq);
+        ctx.clearing_decisions_version = decisions_version(e.seq);
+        let run_event = crate::run_event::to_run_event_under(e, &ctx, &base)?;
+        let run_id = run_event.run.run_id;
+        // Straight to text, members in the types' field order: through a sorted
+        // `Value` tree, this was a third of the relay's work per event.
+        let json = serde_json::to_string(&run_event)?;
+        rows.push(Mapped {
+            seq: e.seq as i64,
+            event_id: e.event_id,
+            run_id,
+            job: job_name(&e.event_type),
+            json,
+        });
+    }
+    Ok(rows)
 }
 
 /// Rows per INSERT statement on SQLite: one statement per chunk rather than per event (6
@@ -214,10 +216,9 @@ fn binary_page(rows: &[Mapped], now: DateTime<Utc>) -> Result<Vec<u8>, sqlx::Err
 ///
 /// Each record names the version of the Delta `events` table that holds its event (the
 /// `version` facet of the `delta/events` output) and, for a decision, the version of the
-/// `clearing_decisions` table that holds its row, so the relay maps only events the Delta
-/// relay has finished with (its cursor, saved after both tables' commits are linked in
-/// `delta_commits`): it follows behind the Delta relay, and a slow Delta sink delays
-/// OpenLineage, never drops it.
+/// `clearing_decisions` table that holds its row, so the relay maps only events whose
+/// commits the Delta relay has linked in `delta_commits`: it follows behind the Delta
+/// relay, and a slow Delta sink delays OpenLineage, never drops it.
 pub async fn run_openlineage_relay(
     store: EventStore,
     ctx: MappingContext,
@@ -310,37 +311,50 @@ async fn follow(
             continue;
         };
         let (first, last) = (first.seq, last.seq);
-        // The Delta relay saves its cursor once both of its tables hold a batch and their
-        // commits are linked, so up to the cursor each event's versions are final: a
-        // decision's `clearing_decisions` version is never left out for being late.
-        let (commits, decision_commits, linked_through) = match delta {
-            DeltaVersions::Wait => (
-                crate::delta_relay::commits_covering(&store, first, last).await?,
-                crate::delta_relay::table_commits_covering(
-                    &store,
-                    crate::decisions::DECISIONS_TABLE,
-                    first,
-                    last,
-                )
-                .await?,
+        let commits = match delta {
+            DeltaVersions::Wait => {
+                crate::delta_relay::both_tables_covering(&store, first, last).await?
+            }
+            DeltaVersions::None => Vec::new(),
+        };
+        let version_in = |table: &str, seq: u64| {
+            commits
+                .iter()
+                .find(|c| c.table == table && c.first_seq <= seq && seq <= c.last_seq)
+                .map(|c| c.version)
+        };
+        let version_of = |seq: u64| version_in(crate::delta::TABLE_NAME, seq);
+        let decisions_version_of = |seq: u64| version_in(DECISIONS_TABLE, seq);
+        // The Delta relay links a batch's `clearing_decisions` commit before its `events`
+        // commit, so a decision whose events commit is linked has its decisions version
+        // too, unless the relay stopped between the two (a crash) or writes no decisions
+        // table. Its cursor, saved once it is done with a batch, tells those apart; read
+        // only then.
+        let is_decision = |e: &RecordedEvent| e.event_type == CLEARING_DECIDED;
+        let linked_through = match delta {
+            DeltaVersions::Wait
+                if pending.iter().any(|e| {
+                    is_decision(e)
+                        && version_of(e.seq).is_some()
+                        && decisions_version_of(e.seq).is_none()
+                }) =>
+            {
                 store
                     .load_position(crate::delta_relay::DELTA_CURSOR)
                     .await?
-                    .unwrap_or(0),
-            ),
-            DeltaVersions::None => (Vec::new(), Vec::new(), u64::MAX),
+                    .unwrap_or(0)
+            }
+            _ => 0,
         };
-        let version_in = |commits: &[crate::delta_relay::DeltaCommit], seq: u64| {
-            commits
-                .iter()
-                .find(|c| c.first_seq <= seq && seq <= c.last_seq)
-                .map(|c| c.version)
-        };
-        let version_of = |seq: u64| version_in(&commits, seq);
         let ready = match delta {
             DeltaVersions::Wait => pending
                 .iter()
-                .take_while(|e| e.seq <= linked_through && version_of(e.seq).is_some())
+                .take_while(|e| {
+                    version_of(e.seq).is_some()
+                        && (!is_decision(e)
+                            || decisions_version_of(e.seq).is_some()
+                            || e.seq <= linked_through)
+                })
                 .count(),
             DeltaVersions::None => pending.len(),
         };
@@ -351,9 +365,7 @@ async fn follow(
             }
         }
         let batch: Vec<Arc<RecordedEvent>> = pending.drain(..ready).collect();
-        let rows = map(&batch, &ctx, version_of, |seq| {
-            version_in(&decision_commits, seq)
-        })?;
+        let rows = map(&batch, &ctx, version_of, decisions_version_of)?;
         insert(&store, &rows, Utc::now()).await?;
         if let Some(path) = &jsonl {
             append_lines(path, &rows).await?;

@@ -25,8 +25,13 @@ fn config(dir: &Path) -> DeltaRelayConfig {
 
 /// Runs the relay until every event up to the head is linked to a Delta commit.
 async fn relay_until_caught_up(store: &EventStore, dir: &Path) {
+    relay_with_until_caught_up(store, config(dir)).await;
+}
+
+/// [`relay_until_caught_up`] with the relay configured as `config`.
+async fn relay_with_until_caught_up(store: &EventStore, config: DeltaRelayConfig) {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let task = tokio::spawn(run_delta_relay(store.clone(), config(dir), stop_rx));
+    let task = tokio::spawn(run_delta_relay(store.clone(), config, stop_rx));
     let head = store.head().await.expect("head").map_or(0, |(s, _)| s);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
@@ -425,5 +430,44 @@ async fn a_decisions_record_names_its_clearing_decisions_version_and_lost_links_
     // Each decision is in the table once: the restarted relay did not write it again.
     let ids: Vec<String> = decision_rows(&dir.0).into_iter().map(|r| r.1).collect();
     assert_eq!(ids, ["req-1", "req-2", "req-3"]);
+    store.shutdown().await;
+}
+
+/// A Delta relay that writes no decisions table does not hold decisions' OpenLineage
+/// records back: once its cursor has passed them they are written, naming the `events`
+/// version only.
+#[tokio::test]
+async fn without_a_decisions_table_decisions_records_name_the_events_version_only() {
+    use aether_lineage::relay::record;
+
+    let dir = TempData::new("ol-no-decisions");
+    let store = open(&dir.0).await;
+    append(&store, 1, 2).await;
+    decide(&store, "bank-a", "req-1", "10").await;
+    let openlineage = OpenLineageRelay::start(&store);
+    let config = DeltaRelayConfig {
+        decisions: None,
+        ..config(&dir.0)
+    };
+    relay_with_until_caught_up(&store, config).await;
+    openlineage.finish_when_caught_up(&store).await;
+    let r = record(&store, 3).await.expect("read").expect("record");
+    let outputs = r.openlineage_event["outputs"]
+        .as_array()
+        .expect("outputs")
+        .clone();
+    let decisions = outputs
+        .iter()
+        .find(|d| d["name"] == "clearing_decisions")
+        .expect("the decisions table is still named");
+    assert!(decisions["facets"].get("version").is_none(), "{decisions}");
+    assert_eq!(
+        r.delta_version,
+        commit_of(&store, 3)
+            .await
+            .expect("lookup")
+            .map(|c| c.version)
+    );
+    assert!(r.delta_version.is_some());
     store.shutdown().await;
 }

@@ -626,6 +626,52 @@ mod tests {
             .collect()
     }
 
+    /// A payload over the TOAST threshold (a batch's netting) is compressed with LZ4 where
+    /// the server has it, and reads back as the exact text that was hashed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_large_payload_is_stored_with_lz4_and_reads_back_exactly() {
+        let (db, store, pool) = open_ledger().await;
+        let positions: Vec<serde_json::Value> = (0..200)
+            .map(|i| json!({"party": format!("bank-{i}"), "currency": "SGD", "net_minor": (i * 7919).to_string()}))
+            .collect();
+        let committed = store
+            .append(
+                "netting/b1",
+                ExpectedVersion::NoStream,
+                vec![NewEvent::new(
+                    "NettingComputed",
+                    json!({"positions": positions}),
+                )],
+            )
+            .await
+            .unwrap();
+        let seq = committed[0].seq as i64;
+        let (method, length): (Option<String>, i32) = sqlx::query_as(
+            "SELECT pg_column_compression(payload), octet_length(payload) FROM events WHERE seq = $1",
+        )
+        .bind(seq)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert!(length > 4096, "the payload is {length} bytes");
+        let lz4_built: bool = sqlx::query_scalar(
+            "SELECT count(*) > 0 FROM pg_settings WHERE name = 'default_toast_compression' \
+             AND 'lz4' = ANY(enumvals)",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        let expected = if lz4_built { "lz4" } else { "pglz" };
+        assert_eq!(method.as_deref(), Some(expected));
+        let read = store.read_all(committed[0].seq, 1).await.unwrap();
+        assert_eq!(read[0].hash, committed[0].hash);
+        assert_eq!(
+            read[0].payload.get(),
+            crate::jcs::to_string(&json!({"positions": positions}))
+        );
+        close(db, store, pool).await;
+    }
+
     /// A batch goes in whole or not at all: when its events' COPY meets a seq already
     /// stored, neither its events nor its personal side rows are left behind; on free seqs
     /// every column and side row reads back as written.
