@@ -61,6 +61,28 @@ async fn every_event_gets_an_openlineage_record_even_across_a_crash() {
     let facet = &event["run"]["facets"]["aether_ledger"];
     assert_eq!(facet["seq"], last);
     assert_eq!(facet["trace_id"], "t-4");
+    // Both Delta tables that hold the decision are named, each at the version whose commit
+    // (in that table's own log) covers its seq.
+    for table in ["events", "clearing_decisions"] {
+        let output = event["outputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["namespace"] == "delta" && d["name"] == table)
+            .unwrap_or_else(|| panic!("no delta/{table} output: {event}"));
+        let version: u64 = output["facets"]["version"]["datasetVersion"]
+            .as_str()
+            .unwrap_or_else(|| panic!("delta/{table} has no version: {output}"))
+            .parse()
+            .unwrap();
+        let commits = delta_commits_in_log(&data.join("delta").join(table));
+        assert!(
+            commits
+                .iter()
+                .any(|&(v, first, end)| v == version && first <= last && last <= end),
+            "{table} version {version} does not hold seq {last}: {commits:?}"
+        );
+    }
     // The facet's schema is served at the URL the facet names.
     let schema_url = facet["_schemaURL"].as_str().unwrap();
     let schema: Value = http()
@@ -130,6 +152,15 @@ async fn every_event_gets_an_openlineage_record_even_across_a_crash() {
 
 /// The seq range of each Delta commit, from the commit metadata in `_delta_log`.
 fn delta_commit_ranges(table: &std::path::Path) -> Vec<(u64, u64)> {
+    delta_commits_in_log(table)
+        .into_iter()
+        .map(|(_, first, last)| (first, last))
+        .collect()
+}
+
+/// `(version, first seq, last seq)` of each Delta commit that names a seq range, from the
+/// commit files in `_delta_log` (the version is the file's name).
+fn delta_commits_in_log(table: &std::path::Path) -> Vec<(u64, u64, u64)> {
     let mut logs: Vec<_> = std::fs::read_dir(table.join("_delta_log"))
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -138,6 +169,7 @@ fn delta_commit_ranges(table: &std::path::Path) -> Vec<(u64, u64)> {
     logs.sort();
     let mut out = Vec::new();
     for log in logs {
+        let version: u64 = log.file_stem().unwrap().to_str().unwrap().parse().unwrap();
         for line in std::fs::read_to_string(&log).unwrap().lines() {
             let action: Value = serde_json::from_str(line).unwrap();
             let info = &action["commitInfo"];
@@ -145,7 +177,7 @@ fn delta_commit_ranges(table: &std::path::Path) -> Vec<(u64, u64)> {
                 info["aether.first_seq"].as_u64(),
                 info["aether.last_seq"].as_u64(),
             ) {
-                out.push((a, b));
+                out.push((version, a, b));
             }
         }
     }
