@@ -266,6 +266,11 @@ fn decision_rows(dir: &Path) -> Vec<(i64, String, String, f64)> {
     rows
 }
 
+/// The request ids of the decisions table's rows, by seq.
+fn decision_ids(dir: &Path) -> Vec<String> {
+    decision_rows(dir).into_iter().map(|r| r.1).collect()
+}
+
 #[tokio::test]
 async fn clearing_decisions_are_flattened_once_each_across_a_restart() {
     let dir = TempData::new("decisions");
@@ -293,8 +298,7 @@ async fn clearing_decisions_are_flattened_once_each_across_a_restart() {
     decide(&store, "bank-b", "req-3", "5").await;
     relay_until_caught_up(&store, &dir.0).await;
     relay_until_caught_up(&store, &dir.0).await;
-    let ids: Vec<String> = decision_rows(&dir.0).into_iter().map(|r| r.1).collect();
-    assert_eq!(ids, ["req-1", "req-2", "req-3"]);
+    assert_eq!(decision_ids(&dir.0), ["req-1", "req-2", "req-3"]);
     store.shutdown().await;
 }
 
@@ -428,8 +432,7 @@ async fn a_decisions_record_names_its_clearing_decisions_version_and_lost_links_
     assert_eq!(linked.len(), 1, "{linked:?}");
     assert_eq!((linked[0].first_seq, linked[0].last_seq), (15, 15));
     // Each decision is in the table once: the restarted relay did not write it again.
-    let ids: Vec<String> = decision_rows(&dir.0).into_iter().map(|r| r.1).collect();
-    assert_eq!(ids, ["req-1", "req-2", "req-3"]);
+    assert_eq!(decision_ids(&dir.0), ["req-1", "req-2", "req-3"]);
     store.shutdown().await;
 }
 
