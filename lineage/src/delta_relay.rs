@@ -184,8 +184,9 @@ async fn follow(
                 });
             }
         }
-        // Linked once both tables hold the batch; the OpenLineage relay maps an event only
-        // after the cursor below passes it, so it sees both links or neither.
+        // Linked once both tables hold the batch, the decisions commit first: the
+        // OpenLineage relay takes a linked events commit to mean the batch's decisions are
+        // linked too, and the cursor below settles a stop between the two.
         if let Some(commit) = &decisions_commit {
             insert_commit(&store, commit, Utc::now()).await?;
             metrics::counter!("aether_lineage_delta_decision_commits_total").increment(1);
@@ -195,12 +196,10 @@ async fn follow(
             metrics::counter!("aether_lineage_delta_commits_total").increment(1);
             metrics::counter!("aether_lineage_delta_events_total").increment(batch.len() as u64);
         }
-        if let Some(last) = batch.last() {
-            store.save_position(DELTA_CURSOR, last.seq).await?;
-            let head = *committed.borrow();
-            metrics::gauge!("aether_lineage_delta_lag_events")
-                .set(head.saturating_sub(last.seq) as f64);
-        }
+        store.save_position(DELTA_CURSOR, last.seq).await?;
+        let head = *committed.borrow();
+        metrics::gauge!("aether_lineage_delta_lag_events")
+            .set(head.saturating_sub(last.seq) as f64);
         if stopping {
             return Ok(());
         }
