@@ -245,27 +245,34 @@ async fn link_unrecorded(
     let head = table
         .version()
         .map_or(-1, |v| i64::try_from(v).unwrap_or(i64::MAX));
-    let mut written = 0;
-    for version in (recorded + 1).max(0)..=head {
+    // The relay links each commit right after making it, so the unlinked ones are the
+    // newest: walk back from the head to the newest linked one. A decisions commit made
+    // before decisions commits named their last hash ends the walk too: it and every
+    // older one stay unlinked, and are not read again on every start.
+    let mut unlinked = Vec::new();
+    for version in ((recorded + 1).max(0)..=head).rev() {
         let Some(meta) = crate::delta::commit_info(table, version).await? else {
             continue;
         };
         let first = meta.get(META_FIRST_SEQ).and_then(|v| v.as_u64());
         let last = meta.get(META_LAST_SEQ).and_then(|v| v.as_u64());
         let hash = meta.get(META_LAST_HASH).and_then(|v| v.as_str());
-        // Versions without our metadata (the table's creation; decisions commits written
-        // before they named their last hash) are not linked.
-        if let (Some(first_seq), Some(last_seq), Some(hash)) = (first, last, hash) {
-            let commit = DeltaCommit {
+        match (first, last, hash) {
+            (Some(first_seq), Some(last_seq), Some(hash)) => unlinked.push(DeltaCommit {
                 table: name.to_owned(),
                 version,
                 first_seq,
                 last_seq,
                 last_hash: hash.to_owned(),
-            };
-            insert_commit(store, &commit, Utc::now()).await?;
-            written += 1;
+            }),
+            (Some(_), Some(_), None) => break,
+            // No seq range: the table's creation or a schema change, holding no rows.
+            _ => {}
         }
+    }
+    let written = unlinked.len();
+    for commit in unlinked.iter().rev() {
+        insert_commit(store, commit, Utc::now()).await?;
     }
     Ok(written)
 }
