@@ -474,3 +474,62 @@ async fn without_a_decisions_table_decisions_records_name_the_events_version_onl
     assert!(r.delta_version.is_some());
     store.shutdown().await;
 }
+
+/// A decisions table holding a commit of an older release (a seq range, no last hash)
+/// under a newer commit whose link was lost: the restarted relay links the newer one,
+/// leaves the older one unlinked, and goes on writing.
+#[tokio::test]
+async fn a_decisions_commit_without_a_hash_is_left_unlinked_and_newer_ones_are_linked() {
+    use aether_lineage::decisions::{DECISIONS_TABLE, DecisionsSink};
+    use aether_lineage::delta_relay::table_commits_covering;
+
+    let dir = TempData::new("old-decisions");
+    let store = open(&dir.0).await;
+    decide(&store, "bank-a", "req-1", "1").await;
+    relay_until_caught_up(&store, &dir.0).await;
+    let table = dir.0.join("delta").join(DECISIONS_TABLE);
+    let log = table.join("_delta_log");
+    let next = std::fs::read_dir(&log)
+        .expect("log")
+        .filter(|e| {
+            e.as_ref()
+                .expect("entry")
+                .path()
+                .extension()
+                .is_some_and(|x| x == "json")
+        })
+        .count();
+    // What an older release wrote: commit metadata with a seq range and no hash.
+    std::fs::write(
+        log.join(format!("{next:020}.json")),
+        r#"{"commitInfo":{"timestamp":1796169600000,"operation":"WRITE","aether.first_seq":1,"aether.last_seq":1}}"#,
+    )
+    .expect("write commit");
+    // A newer decision committed to the table, its link lost in a crash.
+    decide(&store, "bank-a", "req-2", "2").await;
+    let events = store.read_all(2, 10).await.expect("read");
+    let newest = DecisionsSink::open_or_create(&table)
+        .await
+        .expect("open table")
+        .append(&events)
+        .await
+        .expect("append")
+        .expect("a commit");
+    assert_eq!(newest, i64::try_from(next).expect("version") + 1);
+
+    decide(&store, "bank-a", "req-3", "3").await;
+    relay_until_caught_up(&store, &dir.0).await;
+    let linked: Vec<i64> = table_commits_covering(&store, DECISIONS_TABLE, 1, 3)
+        .await
+        .expect("lookup")
+        .iter()
+        .map(|c| c.version)
+        .collect();
+    assert_eq!(
+        linked,
+        [1, newest, newest + 1],
+        "the forged commit stays out"
+    );
+    assert_eq!(decision_ids(&dir.0), ["req-1", "req-2", "req-3"]);
+    store.shutdown().await;
+}
