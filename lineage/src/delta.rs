@@ -33,7 +33,7 @@ use deltalake::parquet::basic::Compression;
 use deltalake::parquet::file::properties::WriterProperties;
 use deltalake::parquet::schema::types::ColumnPath;
 use deltalake::writer::{DeltaWriter, RecordBatchWriter, WriteMode};
-use deltalake::{DeltaTable, DeltaTableError, TableProperty};
+use deltalake::{DeltaTable, DeltaTableBuilder, DeltaTableError, TableProperty};
 use indexmap::IndexMap;
 
 /// Application id of the sink's Delta application transactions.
@@ -360,8 +360,12 @@ pub(crate) async fn open_table(
         location: location.clone(),
         reason: e.to_string(),
     })?;
-    let mut table = DeltaTable::try_from_url(url).await?;
-    if table.version().is_none() {
+    // Loaded only when the log has commits: loading an empty location is refused (and
+    // the Delta kernel logs that refusal as an ERROR, alarming on every first start).
+    let mut table = DeltaTableBuilder::from_url(url)?.build()?;
+    if table.log_store().is_delta_table_location().await? {
+        table.load().await?;
+    } else {
         let mut create = table
             .create()
             .with_table_name(name)

@@ -49,6 +49,8 @@ pub struct Server {
     pub base_url: String,
     /// `https://127.0.0.1:<port>` of the clearing gateway.
     pub grpc_url: String,
+    /// Where its stderr (the log) goes.
+    pub log_path: PathBuf,
 }
 
 impl Server {
@@ -94,6 +96,7 @@ impl Server {
                 child,
                 base_url,
                 grpc_url,
+                log_path,
             },
             Err(_) => {
                 let _ = child.kill();

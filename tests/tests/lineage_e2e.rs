@@ -106,6 +106,15 @@ async fn every_event_gets_an_openlineage_record_even_across_a_crash() {
         .unwrap();
     assert_eq!(audit["lineage"]["run_id"], r["run_id"]);
 
+    // A first start on an empty data directory creates both Delta tables and commits to
+    // them without an ERROR in the log, and the Delta libraries' per-commit INFO lines
+    // stay out of it.
+    let log = std::fs::read_to_string(&server.log_path).unwrap();
+    assert!(log.contains("aether serving"), "{log}");
+    for unwanted in ["ERROR", "buoyant_kernel", "deltalake_core"] {
+        assert!(!log.contains(unwanted), "{unwanted} in the log:\n{log}");
+    }
+
     // SIGKILL, more events while down are impossible, so append after restart and check
     // the relay resumed from its cursor and left no seq behind.
     server.kill();

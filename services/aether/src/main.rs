@@ -283,10 +283,36 @@ fn one_thread_per_model_matmul() {
     }
 }
 
+/// Libraries that describe their internals at INFO on every Delta commit and snapshot (a
+/// dozen lines a second under load) or search-index write: at WARN unless `AETHER_LOG`
+/// names them.
+const QUIET_UNLESS_NAMED: [&str; 3] = ["buoyant_kernel", "deltalake_core", "tantivy"];
+
+/// The log filter for `AETHER_LOG` (default `info`), with [`QUIET_UNLESS_NAMED`] at WARN
+/// unless the spec names them. An invalid spec falls back to `info` with a warning.
+fn log_filter(spec: Option<&str>) -> (tracing_subscriber::EnvFilter, Option<String>) {
+    let requested = spec.unwrap_or("info");
+    let (filter, invalid) = match tracing_subscriber::EnvFilter::try_new(requested) {
+        Ok(filter) => (filter, None),
+        Err(e) => (
+            tracing_subscriber::EnvFilter::new("info"),
+            Some(format!(
+                "AETHER_LOG={requested:?} is not a valid filter ({e}); logging at info"
+            )),
+        ),
+    };
+    let filter = QUIET_UNLESS_NAMED
+        .iter()
+        .filter(|target| !requested.contains(*target))
+        .filter_map(|target| format!("{target}=warn").parse().ok())
+        .fold(filter, tracing_subscriber::EnvFilter::add_directive);
+    (filter, invalid)
+}
+
 /// Sets up logging: text to stderr, JSON when `AETHER_LOG_FORMAT=json`.
 pub fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("AETHER_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let spec = std::env::var("AETHER_LOG").ok();
+    let (filter, invalid) = log_filter(spec.as_deref());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -294,6 +320,9 @@ pub fn init_logging() {
         builder.json().init();
     } else {
         builder.init();
+    }
+    if let Some(warning) = invalid {
+        tracing::warn!("{warning}");
     }
 }
 
@@ -481,4 +510,32 @@ async fn replay(ledger: LedgerArgs, json: bool) -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_filter;
+
+    #[test]
+    fn the_delta_and_index_libraries_log_warnings_only_unless_named() {
+        let (filter, invalid) = log_filter(None);
+        let text = filter.to_string();
+        assert!(invalid.is_none());
+        for target in ["buoyant_kernel", "deltalake_core", "tantivy"] {
+            assert!(text.contains(&format!("{target}=warn")), "{text}");
+        }
+        let (filter, _) = log_filter(Some("debug,deltalake_core=trace"));
+        let text = filter.to_string();
+        assert!(text.contains("deltalake_core=trace"), "{text}");
+        assert!(!text.contains("deltalake_core=warn"), "{text}");
+        assert!(text.contains("buoyant_kernel=warn"), "{text}");
+    }
+
+    #[test]
+    fn an_invalid_filter_is_reported_and_info_is_used() {
+        let (filter, invalid) = log_filter(Some("aether=loud"));
+        let warning = invalid.expect("a warning");
+        assert!(warning.contains("aether=loud"), "{warning}");
+        assert!(filter.to_string().contains("info"), "{filter}");
+    }
 }
