@@ -138,10 +138,15 @@ async fn follow(
                     }
                 }
                 _ = tokio::time::sleep_until(deadline) => {
-                    // What this process committed meanwhile; another process's events
+                    // All that this process committed meanwhile (a read gives a page at
+                    // most: taking one page per deadline held a relay behind by less than
+                    // a commit's worth at a page per deadline); another process's events
                     // come with the next commit.
-                    if unread > 0 {
-                        batch.extend(subscription.next_batch(unread).await?);
+                    let mut left = unread;
+                    while left > 0 {
+                        let page = subscription.next_batch(left).await?;
+                        left = left.saturating_sub(page.len());
+                        batch.extend(page);
                     }
                     break;
                 }

@@ -302,6 +302,40 @@ async fn clearing_decisions_are_flattened_once_each_across_a_restart() {
     store.shutdown().await;
 }
 
+/// Events that are waiting when a commit's deadline comes all go into that commit, not
+/// one read's page of them: a relay less than a commit's worth behind catches up at once
+/// rather than a page per deadline.
+#[tokio::test]
+async fn a_commit_at_its_deadline_takes_every_waiting_event() {
+    let dir = TempData::new("deadline-takes-all");
+    let store = open(&dir.0).await;
+    for batch in 0..6u64 {
+        let events = (0..300)
+            .map(|i| NewEvent::new("PolicyIngested", json!({ "n": batch * 300 + i })))
+            .collect();
+        store
+            .append(
+                &format!("policy/bulk-{batch}"),
+                ExpectedVersion::NoStream,
+                events,
+            )
+            .await
+            .expect("append");
+    }
+    relay_with_until_caught_up(
+        &store,
+        DeltaRelayConfig {
+            max_events: 10_000,
+            max_wait: Duration::from_millis(200),
+            ..config(&dir.0)
+        },
+    )
+    .await;
+    // The first read takes one page (500 events); the other 1,300 come at the deadline.
+    assert_eq!(ranges_in_log(&dir.0).await, [(1, 1_800)]);
+    store.shutdown().await;
+}
+
 /// The OpenLineage relay maps an event only once its Delta commit is linked, and its
 /// record names that commit's version on the `delta/events` output; with the Delta relay
 /// stopped it waits (nothing is dropped), and a restart resumes both.
