@@ -138,10 +138,10 @@ async fn follow(
                     }
                 }
                 _ = tokio::time::sleep_until(deadline) => {
-                    // All that this process committed meanwhile (a read gives a page at
-                    // most: taking one page per deadline held a relay behind by less than
-                    // a commit's worth at a page per deadline); another process's events
-                    // come with the next commit.
+                    // Everything this process committed meanwhile, page by page (taking
+                    // one page here held a relay that was behind by less than a commit's
+                    // worth to ~1,000 events a commit); another process's events come
+                    // with the next commit.
                     let mut left = unread;
                     while left > 0 {
                         let page = subscription.next_batch(left).await?;

@@ -283,9 +283,9 @@ fn one_thread_per_model_matmul() {
     }
 }
 
-/// Libraries that describe their internals at INFO on every Delta commit and snapshot (a
-/// dozen lines a second under load) or search-index write: at WARN unless `AETHER_LOG`
-/// names them.
+/// Libraries that describe their internals at INFO on every Delta commit and snapshot
+/// (about a dozen lines each) or search-index write: at WARN unless `AETHER_LOG` names
+/// them.
 const QUIET_UNLESS_NAMED: [&str; 3] = ["buoyant_kernel", "deltalake_core", "tantivy"];
 
 /// The log filter for `AETHER_LOG` (default `info`), with [`QUIET_UNLESS_NAMED`] at WARN
