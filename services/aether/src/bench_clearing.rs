@@ -64,8 +64,9 @@ pub struct ClearingBench {
     /// Warm-up seconds per target, not measured.
     #[arg(long, default_value_t = 5)]
     warmup_secs: u64,
-    /// Concurrent requests in flight (closed loop: one task per request in flight).
-    #[arg(long, default_value_t = 64)]
+    /// Concurrent requests in flight (closed loop: one task per request in flight). 256 is
+    /// where the targets were measured; past it the extra requests only queue.
+    #[arg(long, default_value_t = 256)]
     concurrency: usize,
     /// mTLS channels (HTTP/2 connections) the tasks share, alternating members.
     #[arg(long, default_value_t = 4)]
@@ -74,8 +75,9 @@ pub struct ClearingBench {
     #[arg(long, default_value_t = 2000)]
     batch_delay_us: u64,
     /// How requests travel, for the gateway and the echo alike: one unary `Submit` call
-    /// each, or messages on one long-lived `SubmitStream` per task.
-    #[arg(long, value_enum, default_value_t = Api::Unary)]
+    /// each, or messages on one long-lived `SubmitStream` per task (the default: how a
+    /// member sending many trades would connect).
+    #[arg(long, value_enum, default_value_t = Api::Stream)]
     api: Api,
     /// Print one JSON object instead of the table.
     #[arg(long)]

@@ -1,0 +1,196 @@
+//! The `aether bench` commands as a user runs them, made small: each must finish and count
+//! what it did (the figures in BENCHMARKS.md come from these commands). No timing is
+//! asserted, only that every phase ran, and ran what it was asked to.
+
+use aether_e2e::run_aether;
+use aether_ledger::testing::admin_url;
+use serde_json::Value;
+
+/// Runs `aether bench <args>` and returns its stdout, failing with its stderr.
+fn bench(args: &[&str]) -> String {
+    let mut all = vec!["bench"];
+    all.extend_from_slice(args);
+    let out = run_aether(&all, &[]);
+    assert!(
+        out.status.success(),
+        "aether {}: {}\n{}",
+        all.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8 report")
+}
+
+fn line_starting<'a>(report: &'a str, prefix: &str) -> &'a str {
+    report
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no line starting {prefix:?} in:\n{report}"))
+}
+
+#[test]
+fn ledger_bench_appends_what_it_offers_and_verifies_the_fill() {
+    let url = admin_url();
+    let report = bench(&[
+        "ledger",
+        "--database-url",
+        &url,
+        "--concurrency",
+        "1,4",
+        "--secs",
+        "1",
+        "--rate",
+        "100",
+        "--verify-events",
+        "1500",
+    ]);
+    // One row per appender count, each having appended something.
+    for n in ["| 1 |", "| 4 |"] {
+        let row = line_starting(&report, n);
+        let rate: u64 = row.split('|').nth(2).unwrap().trim().parse().unwrap();
+        assert!(rate > 0, "{row}");
+    }
+    assert!(
+        report.contains("baseline raw batched INSERT"),
+        "PostgreSQL runs carry their baseline:\n{report}"
+    );
+    // The open loop appends exactly what it offers: rate × seconds.
+    assert!(
+        line_starting(&report, "open loop at 100 events/s offered:").contains(": 100 appended"),
+        "{report}"
+    );
+    // The 1,500 filled events and the checkpoints signed over them (one at the end at
+    // least; how many on the way depends on timing) all verified.
+    let verify = line_starting(&report, "verify: ");
+    let words: Vec<&str> = verify.split_whitespace().collect();
+    let (events, checkpoints): (u64, u64) = (words[1].parse().unwrap(), words[4].parse().unwrap());
+    assert!(checkpoints >= 1, "{verify}");
+    assert_eq!(events, 1500 + checkpoints, "{verify}");
+}
+
+#[test]
+fn audit_bench_proves_exports_and_replays_on_sqlite() {
+    let report = bench(&[
+        "audit",
+        "--database-url",
+        "sqlite:",
+        "--events",
+        "2000",
+        "--export-events",
+        "300",
+        "--proofs",
+        "50",
+        "--control-rounds",
+        "2",
+        "--states",
+        "5",
+    ]);
+    assert!(line_starting(&report, "Merkle log loaded: ").contains("leaves"));
+    assert!(line_starting(&report, "inclusion proof at tree size ").contains("baseline"));
+    assert!(
+        line_starting(&report, "export of 300 events with proofs:").contains("offline verify"),
+        "{report}"
+    );
+    assert!(
+        line_starting(&report, "state as of a time (5 random points").contains("full replay"),
+        "{report}"
+    );
+}
+
+#[test]
+fn lineage_bench_relays_the_whole_fill_and_measures_the_lag() {
+    let report = bench(&[
+        "lineage",
+        "--database-url",
+        "sqlite:",
+        "--events",
+        "3000",
+        "--rate",
+        "300",
+        "--secs",
+        "2",
+    ]);
+    assert!(line_starting(&report, "filled 3000 events").contains("s"));
+    assert!(
+        line_starting(&report, "relay throughput").contains(": 3000 events in"),
+        "every filled event reaches Delta and the OpenLineage store:\n{report}"
+    );
+    assert!(line_starting(&report, "open the events table at 3000 events:").contains("median"));
+    assert!(
+        line_starting(
+            &report,
+            "lag at an offered 300 events/s for 2 s (600 events):"
+        )
+        .contains("p99"),
+        "{report}"
+    );
+}
+
+#[test]
+fn clearing_bench_decides_every_request_on_the_postgres_ledger() {
+    let url = admin_url();
+    let stdout = bench(&[
+        "clearing",
+        "--database-url",
+        &url,
+        "--duration-secs",
+        "1",
+        "--warmup-secs",
+        "1",
+        "--concurrency",
+        "8",
+        "--json",
+    ]);
+    let start = stdout.find("\n{").map_or(0, |i| i + 1);
+    let report: Value = serde_json::from_str(&stdout[start..])
+        .unwrap_or_else(|e| panic!("--json prints one JSON object ({e}):\n{stdout}"));
+    assert_eq!(report["api"], "stream", "the default API: {report}");
+
+    let gateway = &report["gateway"];
+    let ok = gateway["ok"].as_u64().unwrap();
+    assert!(ok > 0, "{gateway}");
+    assert_eq!(gateway["errors"], serde_json::json!({}), "{gateway}");
+    assert_eq!(gateway["shed"], 0);
+    assert_eq!(gateway["replayed"], 0, "every request id is new");
+    let decided: u64 = gateway["decisions"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|n| n.as_u64().unwrap())
+        .sum();
+    assert_eq!(decided, ok, "one decision per answered request: {gateway}");
+    // The warm-up's decisions and the measured ones are all on the ledger.
+    assert!(gateway["max_receipt_seq"].as_u64().unwrap() >= ok);
+    assert!(
+        gateway["postgres_cpu_secs"].as_f64().is_some(),
+        "PostgreSQL's backends are measured: {gateway}"
+    );
+
+    let echo = &report["echo"];
+    assert!(echo["ok"].as_u64().unwrap() > 0, "{echo}");
+    assert_eq!(
+        echo["request_bytes"], gateway["request_bytes"],
+        "same sizes"
+    );
+    assert!(report["ratio_to_echo"].as_f64().unwrap() > 0.0);
+    assert_eq!(report["targets"].as_array().unwrap().len(), 3);
+    assert!(
+        report["lineage"]["caught_up_ms"].as_u64().is_some(),
+        "lineage reached the head after the load: {}",
+        report["lineage"]
+    );
+}
+
+#[test]
+fn clearing_bench_refuses_a_bad_database_url_before_starting_anything() {
+    let out = run_aether(
+        &["bench", "clearing", "--database-url", "mysql://localhost/x"],
+        &[],
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--database-url must be postgres://… or sqlite:"),
+        "{stderr}"
+    );
+}
