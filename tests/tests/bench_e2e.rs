@@ -141,9 +141,9 @@ fn clearing_bench_decides_every_request_on_the_postgres_ledger() {
         "8",
         "--json",
     ]);
-    let start = stdout.find("\n{").map_or(0, |i| i + 1);
-    let report: Value = serde_json::from_str(&stdout[start..])
-        .unwrap_or_else(|e| panic!("--json prints one JSON object ({e}):\n{stdout}"));
+    let report: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+        panic!("--json prints one JSON object and nothing else ({e}):\n{stdout}")
+    });
     assert_eq!(report["api"], "stream", "the default API: {report}");
 
     let gateway = &report["gateway"];
