@@ -159,6 +159,20 @@ fn clearing_bench_decides_every_request_on_the_postgres_ledger() {
         .map(|n| n.as_u64().unwrap())
         .sum();
     assert_eq!(decided, ok, "one decision per answered request: {gateway}");
+    // One slowest answer per measured second, each within the run's own maximum.
+    let slowest: Vec<f64> = gateway["per_second_max_ms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|ms| ms.as_f64().unwrap())
+        .collect();
+    assert_eq!(slowest.len(), 1, "{gateway}");
+    let max_ms = gateway["max_ms"].as_f64().unwrap();
+    assert!(
+        slowest.iter().all(|&ms| ms > 0.0 && ms <= max_ms),
+        "{gateway}"
+    );
+    assert_eq!(slowest.iter().copied().fold(0.0, f64::max), max_ms);
     // The warm-up's decisions and the measured ones are all on the ledger.
     assert!(gateway["max_receipt_seq"].as_u64().unwrap() >= ok);
     assert!(

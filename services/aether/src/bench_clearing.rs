@@ -195,6 +195,10 @@ struct PhaseResult {
     max_receipt_seq: u64,
     /// Completions per second of the measured interval.
     per_second: Vec<u64>,
+    /// The slowest answer completed in each second of the measured interval, ms: whether
+    /// the tail is a few slow seconds (and which) or spread evenly.
+    #[serde(default)]
+    per_second_max_ms: Vec<f64>,
     /// CPU seconds over the measured interval: this client, the server process, and the
     /// PostgreSQL backends of the server's database (backends that exited in between are
     /// missed, ones that started in between count whole).
@@ -785,6 +789,14 @@ fn print_table(r: &Report) {
         g.max_receipt_seq
     );
     println!("gateway completions per second: {:?}", g.per_second);
+    println!(
+        "gateway slowest answer per second, ms: [{}]",
+        g.per_second_max_ms
+            .iter()
+            .map(|ms| format!("{ms:.1}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     if !g.errors.is_empty() {
         println!(
             "gateway errors: {:?} (first: {})",
@@ -977,6 +989,7 @@ impl Target {
 struct TaskStats {
     latencies_us: Vec<u32>,
     per_second: Vec<u64>,
+    per_second_max_us: Vec<u32>,
     shed: u64,
     errors: BTreeMap<String, u64>,
     first_error: Option<String>,
@@ -985,6 +998,16 @@ struct TaskStats {
     decisions: BTreeMap<String, u64>,
     replayed: u64,
     max_receipt_seq: u64,
+}
+
+impl TaskStats {
+    fn for_secs(secs: u64) -> Self {
+        TaskStats {
+            per_second: vec![0; secs as usize],
+            per_second_max_us: vec![0; secs as usize],
+            ..TaskStats::default()
+        }
+    }
 }
 
 async fn connect(
@@ -1058,15 +1081,15 @@ async fn phase(
         (Some(conn), Some(before)) => Some(WalSnapshot::take(conn).await?.since(&before)),
         _ => None,
     };
-    let mut all = TaskStats {
-        per_second: vec![0; args.duration_secs as usize],
-        ..TaskStats::default()
-    };
+    let mut all = TaskStats::for_secs(args.duration_secs);
     for task in tasks {
         let s = task.await.context("a load task panicked")??;
         all.latencies_us.extend(s.latencies_us);
         for (a, b) in all.per_second.iter_mut().zip(&s.per_second) {
             *a += b;
+        }
+        for (a, b) in all.per_second_max_us.iter_mut().zip(&s.per_second_max_us) {
+            *a = (*a).max(*b);
         }
         all.shed += s.shed;
         for (k, v) in s.errors {
@@ -1129,6 +1152,11 @@ async fn phase(
         replayed: all.replayed,
         max_receipt_seq: all.max_receipt_seq,
         per_second: all.per_second,
+        per_second_max_ms: all
+            .per_second_max_us
+            .iter()
+            .map(|&us| f64::from(us) / 1000.0)
+            .collect(),
         client_cpu_secs: cpu(|s| s.client),
         server_cpu_secs: cpu(|s| s.server),
         postgres_cpu_secs: cpu(|s| s.postgres),
@@ -1203,10 +1231,7 @@ impl Caller {
 
 /// One closed-loop task: a session key, then one request at a time until the end.
 async fn load_task(mut c: TaskCtx) -> anyhow::Result<TaskStats> {
-    let mut stats = TaskStats {
-        per_second: vec![0; c.secs as usize],
-        ..TaskStats::default()
-    };
+    let mut stats = TaskStats::for_secs(c.secs);
     let key = Sm4Key::generate()?;
     let wrapped = wrap_key(&c.server_key, &key)?;
     let mut caller = Caller {
@@ -1284,12 +1309,14 @@ async fn load_task(mut c: TaskCtx) -> anyhow::Result<TaskStats> {
                     continue;
                 }
                 let micros = done.duration_since(begun).as_micros();
-                stats
-                    .latencies_us
-                    .push(u32::try_from(micros).unwrap_or(u32::MAX));
+                let micros = u32::try_from(micros).unwrap_or(u32::MAX);
+                stats.latencies_us.push(micros);
                 let second = done.duration_since(c.measure_from).as_secs() as usize;
                 if let Some(slot) = stats.per_second.get_mut(second) {
                     *slot += 1;
+                }
+                if let Some(slot) = stats.per_second_max_us.get_mut(second) {
+                    *slot = (*slot).max(micros);
                 }
                 stats.request_bytes += request_bytes;
                 stats.response_bytes += size;
