@@ -741,6 +741,50 @@ fn postgres_line(w: &PostgresWindow, requests: u64) -> String {
     )
 }
 
+/// CPU per answered request, µs, of each process measured in a phase: server, PostgreSQL
+/// (`None` for a SQLite ledger, which has none) and client. `None` where nothing was
+/// answered or the server or client was not measured.
+fn cpu_per_request_us(p: &PhaseResult) -> Option<(f64, Option<f64>, f64)> {
+    if p.ok == 0 {
+        return None;
+    }
+    let us = |secs: Option<f64>| secs.map(|s| s * 1e6 / p.ok as f64);
+    Some((
+        us(p.server_cpu_secs)?,
+        us(p.postgres_cpu_secs),
+        us(p.client_cpu_secs)?,
+    ))
+}
+
+/// One phase's CPU per request as `total (server …, PostgreSQL …, client …)`; without the
+/// PostgreSQL share when `database` is false (the echo: what the gateway's idle database
+/// does meanwhile is not the echo's).
+fn cpu_parts(p: &PhaseResult, database: bool) -> Option<(f64, String)> {
+    let (server, postgres, client) = cpu_per_request_us(p)?;
+    let postgres = postgres.filter(|_| database);
+    let total = server + postgres.unwrap_or(0.0) + client;
+    let postgres = postgres.map_or(String::new(), |us| format!(", PostgreSQL {us:.0}"));
+    Some((
+        total,
+        format!("{total:.0} (server {server:.0}{postgres}, client {client:.0})"),
+    ))
+}
+
+/// What a request costs the machine in each phase, and the quotient of the two: with the
+/// cores equally busy in both phases, the ratio to the echo is the echo's CPU per request
+/// over the gateway's, whatever the latency; the figure that explains a ratio.
+fn cpu_line(gateway: &PhaseResult, echo: Option<&PhaseResult>) -> Option<String> {
+    let (gateway_total, gateway_parts) = cpu_parts(gateway, true)?;
+    let mut line = format!("CPU per request, µs: gateway {gateway_parts}");
+    if let Some((echo_total, echo_parts)) = echo.and_then(|e| cpu_parts(e, false)) {
+        line.push_str(&format!(
+            "; echo {echo_parts}; echo / gateway {:.3} (what the ratio comes to at equal machine busy)",
+            echo_total / gateway_total
+        ));
+    }
+    Some(line)
+}
+
 fn print_table(r: &Report) {
     println!(
         "\n{} build, {} cores, load average before {} / after {}; batch delay {} µs; {} API\n",
@@ -830,6 +874,9 @@ fn print_table(r: &Report) {
     }
     if let Some(ratio) = r.ratio_to_echo {
         println!("ratio gateway / echo: {ratio:.3}");
+    }
+    if let Some(line) = cpu_line(g, r.echo.as_ref()) {
+        println!("{line}");
     }
     println!("\n| target | measured | verdict |\n|---|---|---|");
     for v in &r.targets {
@@ -1687,6 +1734,48 @@ mod tests {
             "the checkpoint record is WAL: {window:?}"
         );
         assert!(!window.max_wal_size.is_empty() && !window.checkpoint_timeout.is_empty());
+    }
+
+    #[test]
+    fn the_cpu_line_divides_each_process_by_the_answered_requests() {
+        let phase = |ok, server, postgres, client| PhaseResult {
+            ok,
+            server_cpu_secs: server,
+            postgres_cpu_secs: postgres,
+            client_cpu_secs: client,
+            ..PhaseResult::default()
+        };
+        let gateway = phase(10_000, Some(1.8), Some(0.75), Some(0.3));
+        // The gateway's idle database during the echo's phase is not the echo's.
+        let echo = phase(100_000, Some(1.3), Some(0.1), Some(1.2));
+        assert_eq!(
+            cpu_line(&gateway, Some(&echo)).as_deref(),
+            Some(
+                "CPU per request, µs: gateway 285 (server 180, PostgreSQL 75, client 30); \
+                 echo 25 (server 13, client 12); echo / gateway 0.088 (what the ratio comes to at equal machine busy)"
+            )
+        );
+        assert_eq!(
+            cpu_line(&gateway, None).as_deref(),
+            Some("CPU per request, µs: gateway 285 (server 180, PostgreSQL 75, client 30)")
+        );
+        // Nothing answered, or a process not measured: no line rather than a wrong one.
+        assert_eq!(
+            cpu_line(&phase(0, Some(1.0), Some(1.0), Some(1.0)), None),
+            None
+        );
+        assert_eq!(cpu_line(&phase(10, None, Some(1.0), Some(1.0)), None), None);
+        // A SQLite ledger: no PostgreSQL share to print.
+        assert_eq!(
+            cpu_line(&phase(4, Some(0.002), None, Some(0.001)), None).as_deref(),
+            Some("CPU per request, µs: gateway 750 (server 500, client 250)")
+        );
+        let echo_unmeasured = phase(100_000, None, None, Some(1.2));
+        assert!(
+            !cpu_line(&gateway, Some(&echo_unmeasured))
+                .expect("the gateway's line")
+                .contains("echo")
+        );
     }
 
     #[test]
