@@ -48,7 +48,10 @@ async fn wait_for_record(server: &Server, seq: u64) -> Value {
 async fn every_event_gets_an_openlineage_record_even_across_a_crash() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let server = Server::start(&data, &[]);
+    let jsonl = dir.path().join("lineage").join("openlineage.jsonl");
+    // Through its environment variable (`--openlineage-file` is the same setting).
+    let file_env = [("AETHER_OPENLINEAGE_FILE", jsonl.to_str().unwrap())];
+    let server = Server::start(&data, &file_env);
     let mut last = 0;
     for n in 0..5 {
         last = append(&server, n).await;
@@ -118,7 +121,7 @@ async fn every_event_gets_an_openlineage_record_even_across_a_crash() {
     // SIGKILL, more events while down are impossible, so append after restart and check
     // the relay resumed from its cursor and left no seq behind.
     server.kill();
-    let server = Server::start(&data, &[]);
+    let server = Server::start(&data, &file_env);
     for n in 5..8 {
         last = append(&server, n).await;
     }
@@ -147,7 +150,7 @@ async fn every_event_gets_an_openlineage_record_even_across_a_crash() {
     }
     assert_eq!(next, head + 1, "Delta commits do not reach the head");
     // The JSON-lines transport holds every event at least once.
-    let lines = std::fs::read_to_string(data.join("lineage").join("openlineage.jsonl")).unwrap();
+    let lines = std::fs::read_to_string(&jsonl).unwrap();
     let seqs: std::collections::BTreeSet<u64> = lines
         .lines()
         .map(|l| {
@@ -307,4 +310,34 @@ async fn openlineage_url_receives_every_event_with_the_api_key() {
         );
         assert_eq!(body["job"]["namespace"], "aether");
     }
+}
+
+/// The JSON-lines file is a transport a user asks for: without `AETHER_OPENLINEAGE_FILE`
+/// (or `--openlineage-file`) the records are stored and served, and no file grows beside
+/// them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_json_lines_file_is_written_unless_one_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &[]);
+    let seq = append(&server, 1).await;
+    let r = wait_for_record(&server, seq).await;
+    assert_eq!(
+        r["openlineage_event"]["run"]["facets"]["aether_ledger"]["seq"],
+        seq
+    );
+    assert!(server.terminate().success());
+    let mut written = Vec::new();
+    let mut dirs = vec![dir.path().to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "jsonl") {
+                written.push(path);
+            }
+        }
+    }
+    assert_eq!(written, Vec::<std::path::PathBuf>::new());
 }

@@ -37,6 +37,12 @@ pub struct ServeArgs {
     /// Longest the writer waits to fill a batch, in microseconds.
     #[arg(long, env = "AETHER_MAX_WAIT_US", default_value_t = 1000)]
     pub max_wait_us: u64,
+    /// Also append every OpenLineage record to this JSON-lines file (one RunEvent per
+    /// line, synced to disk before the relay moves on). Off unless named: the records are
+    /// always stored in the database and served at `/api/v1`, and the file grows by ~2 KB
+    /// per event without bound.
+    #[arg(long, env = "AETHER_OPENLINEAGE_FILE")]
+    pub openlineage_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub clearing: crate::clearing::ClearingArgs,
     #[command(flatten)]
@@ -110,17 +116,23 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let local = listener.local_addr()?;
-    // Lineage: OpenLineage records for every event, in the database and a JSON-lines file.
-    let lineage_dir = args.ledger.data_dir.join("lineage");
-    std::fs::create_dir_all(&lineage_dir)
-        .with_context(|| format!("cannot create {}", lineage_dir.display()))?;
+    // Lineage: OpenLineage records for every event, in the database and, when asked for,
+    // a JSON-lines file.
+    if let Some(dir) = args
+        .openlineage_file
+        .as_deref()
+        .and_then(std::path::Path::parent)
+        .filter(|d| !d.as_os_str().is_empty())
+    {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
     let schema_base = format!("http://{local}");
     // The relay stops last, after it has caught up with the final checkpoint.
     let (relay_stop_tx, relay_stop_rx) = tokio::sync::watch::channel(false);
     let relay = tokio::spawn(aether_lineage::relay::run_openlineage_relay(
         store.clone(),
         aether_lineage::MappingContext::new(&schema_base),
-        Some(lineage_dir.join("openlineage.jsonl")),
+        args.openlineage_file.clone(),
         relay_stop_rx.clone(),
     ));
     // An OpenLineage backend at OPENLINEAGE_URL, when set: the stored records, from the
