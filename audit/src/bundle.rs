@@ -3,7 +3,7 @@
 //! proofs between them), as one JSON document. `BUNDLE.md` is the format's contract.
 //!
 //! Pure apart from reading and writing a bundle from or to bytes, a reader, a writer or a
-//! file path. Building needs the ledger's in-memory [`MerkleTree`]; checking needs nothing
+//! file path. Building needs the ledger's in-memory tree ([`MerkleProofs`]); checking needs nothing
 //! but the bundle (see [`crate::offline`]).
 
 use std::io::{Read, Write};
@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use aether_ledger::SignedCheckpoint;
 use aether_ledger::event::RecordedEvent;
 use aether_ledger::hashing::{self, Hash};
-use aether_ledger::merkle::{MerkleTree, ProofError};
+use aether_ledger::merkle::{MerkleProofs, ProofError};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -204,7 +204,7 @@ impl Bundle {
     /// hashes: [`crate::offline::verify_bundle`] does, on the result.
     pub fn build(
         mut events: Vec<RecordedEvent>,
-        tree: &MerkleTree,
+        tree: &impl MerkleProofs,
         checkpoints: Vec<SignedCheckpoint>,
         filters: serde_json::Value,
         created_at: DateTime<Utc>,

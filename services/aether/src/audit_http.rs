@@ -607,12 +607,12 @@ async fn export(
     if state.merkle.len() < anchor.tree_size {
         state.merkle.catch_up(&state.store).await?;
     }
-    let tree = state.merkle.snapshot();
     let mut filters = filters;
     filters.insert("anchor_tree_size".into(), json!(anchor.tree_size));
+    // Proofs from the shared log, not a copy of it (~64 bytes per event in the ledger).
     let bundle = aether_audit::Bundle::build(
         events,
-        &tree,
+        &state.merkle.proofs(),
         vec![anchor],
         Value::Object(filters),
         Utc::now(),

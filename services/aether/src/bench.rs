@@ -646,10 +646,9 @@ async fn audit(b: AuditBench) -> anyhow::Result<()> {
     }
     let read = started.elapsed();
     let count = events.len();
-    let tree = log.snapshot();
     let bundle = aether_audit::Bundle::build(
         events,
-        &tree,
+        &log.proofs(),
         vec![anchor.clone()],
         serde_json::json!({"event_type": "ClearingDecided"}),
         chrono::Utc::now(),

@@ -460,6 +460,33 @@ pub struct MerkleTree {
     levels: Vec<Vec<Hash>>,
 }
 
+/// Roots and proofs of a Merkle tree at any size it has reached: what an evidence bundle
+/// needs. [`MerkleTree`] answers them directly; [`crate::MerkleLog::proofs`] answers each
+/// under a brief read lock of the shared log, so that a bundle neither copies every hash
+/// nor holds the log's follower off for its whole build. Leaves are counted from 0.
+pub trait MerkleProofs {
+    /// Root of the first `size` leaves.
+    fn root_at(&self, size: u64) -> Result<Hash, ProofError>;
+    /// Inclusion proof of leaf `index` in the tree of `tree_size` leaves.
+    fn inclusion_proof(&self, index: u64, tree_size: u64) -> Result<Vec<Hash>, ProofError>;
+    /// Consistency proof between the trees of `old_size` and `new_size` leaves.
+    fn consistency_proof(&self, old_size: u64, new_size: u64) -> Result<Vec<Hash>, ProofError>;
+}
+
+impl MerkleProofs for MerkleTree {
+    fn root_at(&self, size: u64) -> Result<Hash, ProofError> {
+        MerkleTree::root_at(self, size)
+    }
+
+    fn inclusion_proof(&self, index: u64, tree_size: u64) -> Result<Vec<Hash>, ProofError> {
+        MerkleTree::inclusion_proof(self, index, tree_size)
+    }
+
+    fn consistency_proof(&self, old_size: u64, new_size: u64) -> Result<Vec<Hash>, ProofError> {
+        MerkleTree::consistency_proof(self, old_size, new_size)
+    }
+}
+
 impl fmt::Debug for MerkleTree {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The levels can hold millions of hashes: show the size only.

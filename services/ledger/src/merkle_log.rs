@@ -10,7 +10,7 @@ use tokio::sync::watch;
 
 use crate::error::LedgerError;
 use crate::hashing::Hash;
-use crate::merkle::{MerkleTree, ProofError};
+use crate::merkle::{MerkleProofs, MerkleTree, ProofError};
 use crate::store::EventStore;
 
 /// Hashes read per page while loading or following.
@@ -20,6 +20,24 @@ const PAGE: u32 = 10_000;
 #[derive(Clone, Default)]
 pub struct MerkleLog {
     tree: Arc<RwLock<MerkleTree>>,
+}
+
+/// [`MerkleLog::proofs`].
+#[derive(Clone, Copy, Debug)]
+pub struct LogProofs<'a>(&'a MerkleLog);
+
+impl MerkleProofs for LogProofs<'_> {
+    fn root_at(&self, size: u64) -> Result<Hash, ProofError> {
+        self.0.read(|t| t.root_at(size))
+    }
+
+    fn inclusion_proof(&self, index: u64, tree_size: u64) -> Result<Vec<Hash>, ProofError> {
+        self.0.read(|t| t.inclusion_proof(index, tree_size))
+    }
+
+    fn consistency_proof(&self, old_size: u64, new_size: u64) -> Result<Vec<Hash>, ProofError> {
+        self.0.read(|t| t.consistency_proof(old_size, new_size))
+    }
 }
 
 impl std::fmt::Debug for MerkleLog {
@@ -57,9 +75,12 @@ impl MerkleLog {
         self.read(|t| t.consistency_proof(old_size, new_size))
     }
 
-    /// A copy of the tree as it is now (for building bundles without holding the lock).
-    pub fn snapshot(&self) -> MerkleTree {
-        self.tree.read().map(|t| t.clone()).unwrap_or_default()
+    /// The log's roots and proofs by leaf index, each answered under a brief read lock:
+    /// for building a bundle of many proofs without copying the tree (~64 bytes per event)
+    /// or holding the lock throughout. The log only grows, so proofs at a fixed size do not
+    /// change between calls.
+    pub fn proofs(&self) -> LogProofs<'_> {
+        LogProofs(self)
     }
 
     fn read<T>(
@@ -124,5 +145,44 @@ impl MerkleLog {
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The log's proofs are the tree's, by leaf index, at every size it has reached, and a
+    /// size it has not reached is refused rather than answered from a shorter tree.
+    #[test]
+    fn the_logs_proofs_are_the_trees() {
+        let hashes: Vec<Hash> = (0u8..37).map(|i| [i; 32]).collect();
+        let mut tree = MerkleTree::new();
+        tree.extend(&hashes);
+        let log = MerkleLog {
+            tree: Arc::new(RwLock::new(tree.clone())),
+        };
+        let proofs = log.proofs();
+        for size in 1..=37 {
+            assert_eq!(
+                MerkleProofs::root_at(&proofs, size),
+                tree.root_at(size),
+                "{size}"
+            );
+            for index in 0..size {
+                assert_eq!(
+                    MerkleProofs::inclusion_proof(&proofs, index, size),
+                    tree.inclusion_proof(index, size)
+                );
+            }
+            for old in 1..=size {
+                assert_eq!(
+                    MerkleProofs::consistency_proof(&proofs, old, size),
+                    tree.consistency_proof(old, size)
+                );
+            }
+        }
+        assert!(MerkleProofs::root_at(&proofs, 38).is_err());
+        assert!(MerkleProofs::inclusion_proof(&proofs, 0, 38).is_err());
     }
 }
