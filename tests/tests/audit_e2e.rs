@@ -117,32 +117,10 @@ async fn regulator_queries_are_proven_and_recorded() {
 
     // One event with its inclusion proof, checked against the signed checkpoint.
     let seq = expected[1];
-    let (status, body) = get(&server, &format!("/v1/audit/events/{seq}"), REGULATOR_TOKEN).await;
-    assert_eq!(status, 200, "{body}");
-    let proof = &body["inclusion_proof"];
-    let cp: SignedCheckpoint = serde_json::from_value(proof["checkpoint"].clone()).unwrap();
-    trusted.verify(&cp).unwrap();
-    let event_hash = hex_hash::parse(body["event"]["hash"].as_str().unwrap()).unwrap();
-    verify_inclusion(
-        &event_hash,
-        3,
-        cp.tree_size,
-        &hashes(&proof["hashes"]),
-        &cp.root_hash,
-    )
-    .unwrap();
+    let (event_hash, cp, path) = assert_proven(&server, &trusted, seq).await;
     let mut forged = event_hash;
     forged[0] ^= 1;
-    assert!(
-        verify_inclusion(
-            &forged,
-            3,
-            cp.tree_size,
-            &hashes(&proof["hashes"]),
-            &cp.root_hash
-        )
-        .is_err()
-    );
+    assert!(verify_inclusion(&forged, seq - 1, cp.tree_size, &path, &cp.root_hash).is_err());
 
     // The two first checkpoints are consistent: the log only grew.
     let (a, b) = (&heads[0], &heads[1]);
@@ -728,4 +706,106 @@ async fn state_as_of_scenario(database_url: Option<&str>) {
             .iter()
             .any(|e| e["payload"]["details"]["at"] == "99999999999")
     );
+}
+
+/// Appends events `from..to` to one stream, fifty per request.
+async fn append_events(server: &Server, from: u64, to: u64) {
+    for start in (from..to).step_by(50) {
+        let events: Vec<Value> = (start..to.min(start + 50))
+            .map(|n| json!({"event_type": "ClearingDecided", "payload": {"n": n}}))
+            .collect();
+        let resp = http()
+            .post(server.url("/v1/events"))
+            .bearer_auth(OPERATOR_TOKEN)
+            .json(&json!({"stream_id": "clearing/m-1", "events": events}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 201);
+    }
+}
+
+/// Waits for a signed checkpoint covering at least `size` events.
+async fn checkpoint_covering(server: &Server, size: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = get(server, "/v1/audit/checkpoints", REGULATOR_TOKEN).await;
+        assert_eq!(status, 200, "{body}");
+        let latest = body["checkpoints"]
+            .as_array()
+            .and_then(|l| l.last())
+            .and_then(|c| c["checkpoint"]["tree_size"].as_u64());
+        if latest.is_some_and(|s| s >= size) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no checkpoint of {size}: {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `GET /v1/audit/events/{seq}` and its inclusion proof checked against the signed
+/// checkpoint it names, with the service's public key only; returns the event hash, the
+/// checkpoint and the proof's path.
+async fn assert_proven(
+    server: &Server,
+    trusted: &CheckpointVerifier,
+    seq: u64,
+) -> ([u8; 32], SignedCheckpoint, Vec<[u8; 32]>) {
+    let (status, body) = get(server, &format!("/v1/audit/events/{seq}"), REGULATOR_TOKEN).await;
+    assert_eq!(status, 200, "{body}");
+    let proof = &body["inclusion_proof"];
+    let cp: SignedCheckpoint = serde_json::from_value(proof["checkpoint"].clone()).unwrap();
+    trusted.verify(&cp).unwrap();
+    let event_hash = hex_hash::parse(body["event"]["hash"].as_str().unwrap()).unwrap();
+    let path = hashes(&proof["hashes"]);
+    verify_inclusion(&event_hash, seq - 1, cp.tree_size, &path, &cp.root_hash)
+        .unwrap_or_else(|e| panic!("seq {seq}: {e}"));
+    (event_hash, cp, path)
+}
+
+/// The audit API's proofs come from a Merkle log whose event hashes live in
+/// `<data>/merkle/event-hashes` (memory keeps only the tree above 128-event blocks): after
+/// a SIGKILL the service takes up where the file ends, and a file changed while the
+/// service was down is rebuilt from the ledger rather than served from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proofs_survive_a_crash_and_a_changed_merkle_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let env = [("AETHER_CHECKPOINT_EVERY_EVENTS", "50")];
+    let server = Server::start(&data, &env);
+    let trusted =
+        CheckpointVerifier::from_pem_file(&data.join("keys").join(PUBLIC_KEY_FILE)).unwrap();
+    append_events(&server, 0, 300).await;
+    checkpoint_covering(&server, 300).await;
+    for seq in [7, 129, 300] {
+        assert_proven(&server, &trusted, seq).await;
+    }
+    let file = data.join("merkle").join("event-hashes");
+    let bytes = std::fs::read(&file).unwrap();
+    assert!(
+        bytes.len() >= 300 * 32 && bytes.len().is_multiple_of(32),
+        "{} bytes",
+        bytes.len()
+    );
+    server.kill();
+
+    // Seq 7's hash changed on disk while the service was down.
+    let mut changed = bytes;
+    changed[6 * 32] ^= 1;
+    std::fs::write(&file, &changed).unwrap();
+    let server = Server::start(&data, &env);
+    for seq in [7, 129, 300] {
+        assert_proven(&server, &trusted, seq).await;
+    }
+    append_events(&server, 300, 400).await;
+    checkpoint_covering(&server, 400).await;
+    for seq in [7, 350, 400] {
+        assert_proven(&server, &trusted, seq).await;
+    }
+    let log = std::fs::read_to_string(&server.log_path).unwrap();
+    assert!(
+        log.contains("Merkle log file rebuilt from the ledger"),
+        "no rebuild in the log:\n{log}"
+    );
+    assert_eq!(std::fs::read(&file).unwrap()[6 * 32], changed[6 * 32] ^ 1);
 }

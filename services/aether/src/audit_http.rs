@@ -206,12 +206,25 @@ fn hex_list(hashes: &[[u8; 32]]) -> Vec<String> {
     hashes.iter().map(hex::encode).collect()
 }
 
+/// A proof the request cannot have (sizes, indexes) is the caller's 422; a log that cannot
+/// give one (its file unreadable or changed, a missing node) is the service's 500.
 fn proof_problem(e: aether_ledger::merkle::ProofError) -> Problem {
-    Problem::new(
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "No such proof",
-        e.to_string(),
-    )
+    use aether_ledger::merkle::ProofError;
+    match e {
+        ProofError::LeafFile { .. } | ProofError::MissingNode { .. } => {
+            tracing::error!(error = %e, "the Merkle log cannot give a proof");
+            Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "Proof unavailable",
+                e.to_string(),
+            )
+        }
+        _ => Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "No such proof",
+            e.to_string(),
+        ),
+    }
 }
 
 /// `GET /v1/audit/events/{seq}`: one event with its inclusion proof against the latest
@@ -609,7 +622,7 @@ async fn export(
     }
     let mut filters = filters;
     filters.insert("anchor_tree_size".into(), json!(anchor.tree_size));
-    // Proofs from the shared log, not a copy of it (~64 bytes per event in the ledger).
+    // Proofs from the shared log, each under a brief read lock, not a copy of it.
     let bundle = aether_audit::Bundle::build(
         events,
         &state.merkle.proofs(),

@@ -163,9 +163,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // A line on stdout that scripts and tests can wait for.
     println!("aether listening on http://{local}");
 
-    let merkle = MerkleLog::default();
-    let loaded = merkle.catch_up(&store).await?;
-    tracing::info!(events = loaded, "Merkle log loaded");
+    // The event hashes live in a file beside the Delta tables; memory keeps ~0.5 byte an
+    // event of the tree instead of 64.
+    let merkle_file = args.ledger.data_dir.join("merkle").join("event-hashes");
+    let merkle = MerkleLog::open(&merkle_file, &store).await?;
+    tracing::info!(
+        events = merkle.len(),
+        file = %merkle_file.display(),
+        "Merkle log loaded"
+    );
     let follower = tokio::spawn(merkle.clone().follow(store.clone(), stop_rx.clone()));
     let control = aether_control::ControlState::replay(&store).await?;
     tracing::info!(

@@ -84,6 +84,9 @@ pub enum LedgerError {
     #[error("stored event at seq {seq} is unreadable: {reason}")]
     CorruptRow { seq: i64, reason: String },
 
+    #[error("the Merkle log's file: {0}")]
+    MerkleFile(String),
+
     #[error("checkpoint key: {0}")]
     CheckpointKey(String),
 

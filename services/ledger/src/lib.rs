@@ -13,6 +13,7 @@ pub mod event;
 pub mod hashing;
 mod jcs;
 pub mod merkle;
+mod merkle_file;
 pub mod merkle_log;
 pub mod personal;
 pub mod pg_binary;

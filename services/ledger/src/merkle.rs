@@ -16,7 +16,9 @@
 //!   RFC 9162 algorithms. They take attacker-controlled input, check every size
 //!   and the proof length up front and never panic;
 //! - [`Frontier`] (incremental root in O(log n) memory) and [`MerkleTree`]
-//!   (every complete subtree in memory, O(log n) roots and proofs at any size).
+//!   (every complete subtree in memory, O(log n) roots and proofs at any size); the
+//!   proofs are written once, over any `StoredNodes`, which the ledger's file-backed
+//!   log also implements.
 //!
 //! Conventions for degenerate sizes (RFC 6962 §2.1.2 defines `PROOF(m, D[n])`
 //! for `0 < m < n`, and RFC 9162 §2.1.4.2 rejects an empty proof):
@@ -102,6 +104,16 @@ pub enum ProofError {
         level: u32,
         /// Index of the missing node within its level.
         index: u64,
+    },
+    /// The Merkle log's file could not give back a block of event hashes a proof needs,
+    /// or what it gave does not hash to the block's root held in memory. The log's state,
+    /// not the request, is at fault; no proof is given rather than a wrong one.
+    #[error("the Merkle log's file failed at block {block}: {reason}")]
+    LeafFile {
+        /// Index of the block of leaves.
+        block: u64,
+        /// What went wrong.
+        reason: String,
     },
 }
 
@@ -542,24 +554,7 @@ impl MerkleTree {
 
     /// Appends one event hash; amortised O(1) hashes, at most O(log n).
     pub fn push(&mut self, event_hash: &Hash) {
-        let mut node = leaf_hash(event_hash);
-        let mut level = 0;
-        loop {
-            if self.levels.len() == level {
-                self.levels.push(Vec::new());
-            }
-            let Some(nodes) = self.levels.get_mut(level) else {
-                return;
-            };
-            nodes.push(node);
-            // An even count means the new node completed a pair, whose parent
-            // is now a complete subtree one level up.
-            match nodes.as_slice() {
-                [.., left, right] if nodes.len() % 2 == 0 => node = node_hash(left, right),
-                _ => return,
-            }
-            level += 1;
-        }
+        push_node(&mut self.levels, leaf_hash(event_hash));
     }
 
     /// Number of leaves.
@@ -572,44 +567,32 @@ impl MerkleTree {
         self.len() == 0
     }
 
+    /// Hashes held, at every level: about two per leaf.
+    pub fn stored_nodes(&self) -> usize {
+        self.levels.iter().map(Vec::len).sum()
+    }
+
     /// Root (`MTH`) of the tree made of the first `size` leaves; O(log n).
     pub fn root_at(&self, size: u64) -> Result<Hash, ProofError> {
-        self.check_available(size)?;
-        self.subtree_hash(0, size)
+        StoredNodes::root_at(self, size)
     }
 
     /// RFC 6962 `PATH(index, D[tree_size])`, equal to [`inclusion_proof`]; O(log n).
     pub fn inclusion_proof(&self, index: u64, tree_size: u64) -> Result<Vec<Hash>, ProofError> {
-        if index >= tree_size {
-            return Err(ProofError::IndexOutOfRange { index, tree_size });
-        }
-        self.check_available(tree_size)?;
-        let mut proof = Vec::new();
-        self.path(index, 0, tree_size, &mut proof)?;
-        Ok(proof)
+        StoredNodes::inclusion_proof(self, index, tree_size)
     }
 
     /// RFC 6962 `PROOF(old_size, D[new_size])`, equal to [`consistency_proof`]; O(log n).
     pub fn consistency_proof(&self, old_size: u64, new_size: u64) -> Result<Vec<Hash>, ProofError> {
-        check_sizes(old_size, new_size)?;
-        self.check_available(new_size)?;
-        let mut proof = Vec::new();
-        self.subproof(old_size, 0, new_size, true, &mut proof)?;
-        Ok(proof)
+        StoredNodes::consistency_proof(self, old_size, new_size)
+    }
+}
+
+impl StoredNodes for MerkleTree {
+    fn leaves(&self) -> u64 {
+        self.len()
     }
 
-    fn check_available(&self, tree_size: u64) -> Result<(), ProofError> {
-        let available = self.len();
-        if tree_size > available {
-            return Err(ProofError::TreeSizeOutOfRange {
-                tree_size,
-                available,
-            });
-        }
-        Ok(())
-    }
-
-    /// Stored root of a perfect subtree.
     fn node(&self, level: u32, index: u64) -> Result<Hash, ProofError> {
         self.levels
             .get(level as usize)
@@ -618,66 +601,145 @@ impl MerkleTree {
             .copied()
             .ok_or(ProofError::MissingNode { level, index })
     }
+}
 
-    /// `MTH` of leaves `[start, start + size)`, for the subtrees the RFC
-    /// recursion visits (`start` is a multiple of the largest power of two
-    /// ≤ `size`): one stored node per set bit of `size`.
-    fn subtree_hash(&self, start: u64, size: u64) -> Result<Hash, ProofError> {
-        if size == 0 {
-            return Ok(empty_root());
-        }
-        if size.is_power_of_two() {
-            let level = size.trailing_zeros();
-            return self.node(level, start >> level);
-        }
-        let k = split_u64(size);
-        let left = self.subtree_hash(start, k)?;
-        let right = self.subtree_hash(start + k, size - k)?;
-        Ok(node_hash(&left, &right))
+/// A Merkle tree that can give the root of any perfect subtree it holds (`level`, `index`:
+/// leaves `[index·2^level, (index+1)·2^level)`): all the RFC's recursions need, so roots and
+/// proofs at any size are O(log n) stored nodes whether the nodes live in memory
+/// ([`MerkleTree`]) or partly in a file ([`crate::merkle_log`]).
+pub(crate) trait StoredNodes {
+    /// Number of leaves held.
+    fn leaves(&self) -> u64;
+
+    /// Root of a perfect subtree within the first [`leaves`](Self::leaves) leaves.
+    fn node(&self, level: u32, index: u64) -> Result<Hash, ProofError>;
+
+    /// Root (`MTH`) of the first `size` leaves.
+    fn root_at(&self, size: u64) -> Result<Hash, ProofError> {
+        check_available(self.leaves(), size)?;
+        subtree_hash(self, 0, size)
     }
 
-    /// `PATH(m, D[start..start + size])` appended to `proof`.
-    fn path(&self, m: u64, start: u64, size: u64, proof: &mut Vec<Hash>) -> Result<(), ProofError> {
-        if size <= 1 {
-            return Ok(());
+    /// RFC 6962 `PATH(index, D[tree_size])`.
+    fn inclusion_proof(&self, index: u64, tree_size: u64) -> Result<Vec<Hash>, ProofError> {
+        if index >= tree_size {
+            return Err(ProofError::IndexOutOfRange { index, tree_size });
         }
-        let k = split_u64(size);
-        if m < k {
-            self.path(m, start, k, proof)?;
-            proof.push(self.subtree_hash(start + k, size - k)?);
-        } else {
-            self.path(m - k, start + k, size - k, proof)?;
-            proof.push(self.subtree_hash(start, k)?);
-        }
-        Ok(())
+        check_available(self.leaves(), tree_size)?;
+        let mut proof = Vec::new();
+        path(self, index, 0, tree_size, &mut proof)?;
+        Ok(proof)
     }
 
-    /// `SUBPROOF(m, D[start..start + size], complete)` appended to `proof`;
-    /// needs `0 < m <= size`.
-    fn subproof(
-        &self,
-        m: u64,
-        start: u64,
-        size: u64,
-        complete: bool,
-        proof: &mut Vec<Hash>,
-    ) -> Result<(), ProofError> {
-        if m == size {
-            if !complete {
-                proof.push(self.subtree_hash(start, size)?);
-            }
-            return Ok(());
-        }
-        let k = split_u64(size);
-        if m <= k {
-            self.subproof(m, start, k, complete, proof)?;
-            proof.push(self.subtree_hash(start + k, size - k)?);
-        } else {
-            self.subproof(m - k, start + k, size - k, false, proof)?;
-            proof.push(self.subtree_hash(start, k)?);
-        }
-        Ok(())
+    /// RFC 6962 `PROOF(old_size, D[new_size])`.
+    fn consistency_proof(&self, old_size: u64, new_size: u64) -> Result<Vec<Hash>, ProofError> {
+        check_sizes(old_size, new_size)?;
+        check_available(self.leaves(), new_size)?;
+        let mut proof = Vec::new();
+        subproof(self, old_size, 0, new_size, true, &mut proof)?;
+        Ok(proof)
     }
+}
+
+/// Appends a node to the lowest of `levels` and every parent it completes above it.
+pub(crate) fn push_node(levels: &mut Vec<Vec<Hash>>, mut node: Hash) {
+    let mut level = 0;
+    loop {
+        if levels.len() == level {
+            levels.push(Vec::new());
+        }
+        let Some(nodes) = levels.get_mut(level) else {
+            return;
+        };
+        nodes.push(node);
+        // An even count means the new node completed a pair, whose parent
+        // is now a complete subtree one level up.
+        match nodes.as_slice() {
+            [.., left, right] if nodes.len().is_multiple_of(2) => node = node_hash(left, right),
+            _ => return,
+        }
+        level += 1;
+    }
+}
+
+fn check_available(available: u64, tree_size: u64) -> Result<(), ProofError> {
+    if tree_size > available {
+        return Err(ProofError::TreeSizeOutOfRange {
+            tree_size,
+            available,
+        });
+    }
+    Ok(())
+}
+
+/// `MTH` of leaves `[start, start + size)`, for the subtrees the RFC recursion visits
+/// (`start` is a multiple of the largest power of two ≤ `size`): one stored node per set
+/// bit of `size`.
+fn subtree_hash<T: StoredNodes + ?Sized>(
+    tree: &T,
+    start: u64,
+    size: u64,
+) -> Result<Hash, ProofError> {
+    if size == 0 {
+        return Ok(empty_root());
+    }
+    if size.is_power_of_two() {
+        let level = size.trailing_zeros();
+        return tree.node(level, start >> level);
+    }
+    let k = split_u64(size);
+    let left = subtree_hash(tree, start, k)?;
+    let right = subtree_hash(tree, start + k, size - k)?;
+    Ok(node_hash(&left, &right))
+}
+
+/// `PATH(m, D[start..start + size])` appended to `proof`.
+fn path<T: StoredNodes + ?Sized>(
+    tree: &T,
+    m: u64,
+    start: u64,
+    size: u64,
+    proof: &mut Vec<Hash>,
+) -> Result<(), ProofError> {
+    if size <= 1 {
+        return Ok(());
+    }
+    let k = split_u64(size);
+    if m < k {
+        path(tree, m, start, k, proof)?;
+        proof.push(subtree_hash(tree, start + k, size - k)?);
+    } else {
+        path(tree, m - k, start + k, size - k, proof)?;
+        proof.push(subtree_hash(tree, start, k)?);
+    }
+    Ok(())
+}
+
+/// `SUBPROOF(m, D[start..start + size], complete)` appended to `proof`; needs
+/// `0 < m <= size`.
+fn subproof<T: StoredNodes + ?Sized>(
+    tree: &T,
+    m: u64,
+    start: u64,
+    size: u64,
+    complete: bool,
+    proof: &mut Vec<Hash>,
+) -> Result<(), ProofError> {
+    if m == size {
+        if !complete {
+            proof.push(subtree_hash(tree, start, size)?);
+        }
+        return Ok(());
+    }
+    let k = split_u64(size);
+    if m <= k {
+        subproof(tree, m, start, k, complete, proof)?;
+        proof.push(subtree_hash(tree, start + k, size - k)?);
+    } else {
+        subproof(tree, m - k, start + k, size - k, false, proof)?;
+        proof.push(subtree_hash(tree, start, k)?);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

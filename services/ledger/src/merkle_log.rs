@@ -1,17 +1,24 @@
-//! The ledger's Merkle log kept in memory: every event hash, so that roots, inclusion and
-//! consistency proofs at any tree size cost O(log n) (about 64 bytes per event).
+//! The ledger's Merkle log: roots, inclusion and consistency proofs at any tree size in
+//! O(log n), following the store.
 //!
-//! Followers read hashes from the store (not whole events) and never write.
+//! [`MerkleLog::open`] keeps the event hashes in a file and in memory only the nodes at and
+//! above 128-leaf blocks (about half a byte per event; see [`crate::merkle_file`]): what
+//! `aether serve` runs. [`MerkleLog::default`] holds every hash in memory (~64 bytes per
+//! event), for tools and tests on small ledgers. Followers read hashes from the store (not
+//! whole events) and never write to it.
 
+use std::path::Path;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::checkpoint::{CHECKPOINT_STREAM, SignedCheckpoint};
 use crate::error::LedgerError;
 use crate::hashing::Hash;
-use crate::merkle::{MerkleProofs, MerkleTree, ProofError};
-use crate::store::EventStore;
+use crate::merkle::{MerkleProofs, MerkleTree, ProofError, StoredNodes};
+use crate::merkle_file::{BLOCK_LEVEL, PagedTree};
+use crate::store::{Direction, EventStore};
 
 /// Hashes read per page while loading or following.
 const PAGE: u32 = 10_000;
@@ -19,7 +26,41 @@ const PAGE: u32 = 10_000;
 /// A shared, growing Merkle tree over the ledger's event hashes (leaf index = seq − 1).
 #[derive(Clone, Default)]
 pub struct MerkleLog {
-    tree: Arc<RwLock<MerkleTree>>,
+    tree: Arc<RwLock<Tree>>,
+}
+
+enum Tree {
+    Memory(MerkleTree),
+    File(PagedTree),
+}
+
+impl Default for Tree {
+    fn default() -> Self {
+        Tree::Memory(MerkleTree::new())
+    }
+}
+
+impl Tree {
+    fn nodes(&self) -> &dyn StoredNodes {
+        match self {
+            Tree::Memory(t) => t,
+            Tree::File(t) => t,
+        }
+    }
+
+    fn extend(&mut self, event_hashes: &[Hash]) -> Result<(), LedgerError> {
+        match self {
+            Tree::Memory(t) => {
+                t.extend(event_hashes);
+                Ok(())
+            }
+            Tree::File(t) => t.extend(event_hashes).map_err(merkle_file_error),
+        }
+    }
+}
+
+fn merkle_file_error(e: std::io::Error) -> LedgerError {
+    LedgerError::MerkleFile(e.to_string())
 }
 
 /// [`MerkleLog::proofs`].
@@ -47,13 +88,113 @@ impl std::fmt::Debug for MerkleLog {
 }
 
 impl MerkleLog {
+    /// The log with its event hashes in the file at `path` (created if missing), brought
+    /// up to date with `store`.
+    ///
+    /// The file is trusted only as this ledger's prefix: if its last hash is not the
+    /// store's event hash at that seq (another ledger's file, or a ledger restored from an
+    /// older backup), or if the log's root at the latest signed checkpoint's size is not
+    /// the checkpoint's root, it is emptied and rebuilt from the store, with a warning.
+    pub async fn open(path: &Path, store: &EventStore) -> Result<MerkleLog, LedgerError> {
+        let path = path.to_owned();
+        let tree = tokio::task::spawn_blocking(move || PagedTree::open(&path, BLOCK_LEVEL))
+            .await
+            .map_err(|e| LedgerError::MerkleFile(e.to_string()))?
+            .map_err(merkle_file_error)?;
+        let log = MerkleLog {
+            tree: Arc::new(RwLock::new(Tree::File(tree))),
+        };
+        if let Some(why) = log.disagreement_with_head(store).await? {
+            tracing::warn!(reason = %why, "Merkle log file rebuilt from the ledger");
+            log.clear()?;
+        }
+        log.catch_up(store).await?;
+        if let Some(why) = log.disagreement_with_checkpoint(store).await? {
+            tracing::warn!(reason = %why, "Merkle log file rebuilt from the ledger");
+            log.clear()?;
+            log.catch_up(store).await?;
+        }
+        Ok(log)
+    }
+
+    /// Why the file's last event hash is not the store's, if it is not.
+    async fn disagreement_with_head(
+        &self,
+        store: &EventStore,
+    ) -> Result<Option<String>, LedgerError> {
+        let (len, last) = {
+            let tree = self.tree.read().map_err(|_| poisoned())?;
+            match &*tree {
+                Tree::File(t) if t.len() > 0 => (
+                    t.len(),
+                    t.event_hash(t.len() - 1).map_err(merkle_file_error)?,
+                ),
+                _ => return Ok(None),
+            }
+        };
+        let stored = store.read_hashes_following(len, 1).await?;
+        Ok(match stored.first() {
+            Some((seq, hash)) if *seq == len && *hash == last => None,
+            Some((seq, _)) if *seq == len => {
+                Some(format!("its event hash at seq {len} is not the ledger's"))
+            }
+            _ => Some(format!(
+                "it holds {len} event hashes, more than the ledger has"
+            )),
+        })
+    }
+
+    /// Why the log's root at the latest signed checkpoint's size is not that checkpoint's
+    /// root, if it is not.
+    async fn disagreement_with_checkpoint(
+        &self,
+        store: &EventStore,
+    ) -> Result<Option<String>, LedgerError> {
+        let latest = store
+            .read_stream(CHECKPOINT_STREAM, u64::MAX, Direction::Backward, 1)
+            .await?;
+        let Some(Ok(cp)) = latest.first().and_then(SignedCheckpoint::from_event) else {
+            return Ok(None);
+        };
+        Ok(match self.root_at(cp.tree_size) {
+            Ok(root) if root == cp.root_hash => None,
+            Ok(_) => Some(format!(
+                "its root at the checkpoint's {} events is not the signed root",
+                cp.tree_size
+            )),
+            // Not reached yet (written by another process after our catch-up), or the
+            // file failed: only a wrong root is evidence against the file.
+            Err(_) => None,
+        })
+    }
+
+    fn clear(&self) -> Result<(), LedgerError> {
+        let mut tree = self.tree.write().map_err(|_| poisoned())?;
+        match &mut *tree {
+            Tree::File(t) => t.clear().map_err(merkle_file_error),
+            Tree::Memory(t) => {
+                *t = MerkleTree::new();
+                Ok(())
+            }
+        }
+    }
+
     /// Number of events in the log.
     pub fn len(&self) -> u64 {
-        self.tree.read().map_or(0, |t| t.len())
+        self.tree.read().map_or(0, |t| t.nodes().leaves())
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Hashes the log holds in memory: about two per event without a file, one per 64
+    /// events with one (not counting the few blocks it keeps after reading them back).
+    pub fn resident_hashes(&self) -> usize {
+        self.tree.read().map_or(0, |t| match &*t {
+            Tree::Memory(t) => t.stored_nodes(),
+            Tree::File(t) => t.resident_hashes(),
+        })
     }
 
     /// Root of the first `tree_size` events.
@@ -76,19 +217,19 @@ impl MerkleLog {
     }
 
     /// The log's roots and proofs by leaf index, each answered under a brief read lock:
-    /// for building a bundle of many proofs without copying the tree (~64 bytes per event)
-    /// or holding the lock throughout. The log only grows, so proofs at a fixed size do not
-    /// change between calls.
+    /// for building a bundle of many proofs without copying the tree or holding the lock
+    /// throughout. The log only grows, so proofs at a fixed size do not change between
+    /// calls.
     pub fn proofs(&self) -> LogProofs<'_> {
         LogProofs(self)
     }
 
     fn read<T>(
         &self,
-        f: impl FnOnce(&MerkleTree) -> Result<T, ProofError>,
+        f: impl FnOnce(&dyn StoredNodes) -> Result<T, ProofError>,
     ) -> Result<T, ProofError> {
         match self.tree.read() {
-            Ok(t) => f(&t),
+            Ok(t) => f(t.nodes()),
             // A panic while appending cannot leave a half-pushed leaf visible to readers
             // of a consistent size, but refuse rather than guess.
             Err(_) => Err(ProofError::TreeSizeOutOfRange {
@@ -105,11 +246,12 @@ impl MerkleLog {
             let page = store.read_hashes_following(next, PAGE).await?;
             // A short page is the end (no second read that finds nothing).
             let at_end = page.len() < PAGE as usize;
-            if let Ok(mut tree) = self.tree.write() {
+            {
+                let mut tree = self.tree.write().map_err(|_| poisoned())?;
                 // Pages come in seq order from the current length on; anything else would
                 // be a broken store, which `verify` reports. Hashes another catch-up added
                 // meanwhile are skipped; the consecutive rest is added at once.
-                let len = tree.len();
+                let len = tree.nodes().leaves();
                 let run: Vec<Hash> = page
                     .iter()
                     .skip_while(|(seq, _)| *seq <= len)
@@ -117,7 +259,7 @@ impl MerkleLog {
                     .take_while(|((seq, _), want)| seq == want)
                     .map(|((_, hash), _)| *hash)
                     .collect();
-                tree.extend(&run);
+                tree.extend(&run)?;
             }
             if at_end {
                 return Ok(self.len());
@@ -148,6 +290,10 @@ impl MerkleLog {
     }
 }
 
+fn poisoned() -> LedgerError {
+    LedgerError::MerkleFile("a writer of the Merkle log panicked".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,7 +306,7 @@ mod tests {
         let mut tree = MerkleTree::new();
         tree.extend(&hashes);
         let log = MerkleLog {
-            tree: Arc::new(RwLock::new(tree.clone())),
+            tree: Arc::new(RwLock::new(Tree::Memory(tree.clone()))),
         };
         let proofs = log.proofs();
         for size in 1..=37 {

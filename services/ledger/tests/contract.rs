@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use aether_ledger::checkpoint::{CHECKPOINT_STREAM, CheckpointSigner};
+use aether_ledger::checkpoint::{CHECKPOINT_STREAM, CheckpointSigner, SignedCheckpoint};
 use aether_ledger::testing::TestDatabase;
 use aether_ledger::{
     AppendToStream, CheckpointPolicy, Direction, EventFilter, EventStore, ExpectedVersion,
@@ -92,6 +92,18 @@ fn ev(kind: &str, n: u64) -> NewEvent {
         .with_metadata(json!({"actor": "test", "trace_id": format!("t{n}")}))
 }
 
+/// Appends a signed checkpoint as the service's checkpointer would.
+async fn append_checkpoint(store: &EventStore, checkpoint: &SignedCheckpoint) {
+    store
+        .append(
+            CHECKPOINT_STREAM,
+            ExpectedVersion::Any,
+            vec![checkpoint.to_event()],
+        )
+        .await
+        .unwrap();
+}
+
 async fn head_seq(store: &EventStore) -> u64 {
     store.head().await.unwrap().map_or(0, |(s, _)| s)
 }
@@ -135,6 +147,7 @@ contract!(
     two_writers_on_one_database_keep_one_chain,
     filtered_queries_select_by_type_prefix_metadata_and_time,
     merkle_log_follows_the_ledger_and_proves_inclusion,
+    the_merkle_log_file_is_kept_only_while_it_is_the_ledgers,
     personal_data_is_committed_and_redactable_without_breaking_the_chain,
     reads_as_of_a_seq_or_a_time,
     lookup_by_metadata_values_finds_every_match_in_one_query,
@@ -1164,6 +1177,132 @@ where
     h.finish().await;
 }
 
+/// The served Merkle log keeps its event hashes in a file: it answers as the log held in
+/// memory, takes up where the file ends after a restart, and rebuilds the file from the
+/// ledger when the file is not the ledger's prefix (another ledger's, longer than the
+/// ledger, or changed in the middle, which the latest signed checkpoint's root reveals).
+async fn the_merkle_log_file_is_kept_only_while_it_is_the_ledgers<F, Fut>(open: F)
+where
+    F: Fn(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = Harness>,
+{
+    use aether_ledger::MerkleLog;
+    use aether_ledger::merkle::root;
+    let h = open(StoreConfig::default()).await;
+    let append = |from: u64, to: u64| {
+        let store = h.store.clone();
+        async move {
+            for start in (from..to).step_by(50) {
+                let batch = (start..to.min(start + 50)).map(|n| ev("E", n)).collect();
+                store
+                    .append("m", ExpectedVersion::Any, batch)
+                    .await
+                    .unwrap();
+            }
+        }
+    };
+    let all_hashes = || async {
+        h.store
+            .read_all(1, 1000)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.hash)
+            .collect::<Vec<[u8; 32]>>()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("merkle").join("event-hashes");
+
+    // Two full 128-leaf blocks and part of a third.
+    append(0, 300).await;
+    let log = MerkleLog::open(&file, &h.store).await.unwrap();
+    let hashes = all_hashes().await;
+    assert_eq!(log.len(), 300);
+    assert_eq!(std::fs::metadata(&file).unwrap().len(), 300 * 32);
+    assert_eq!(log.root_at(300).unwrap(), root(&hashes));
+    let memory = MerkleLog::default();
+    memory.catch_up(&h.store).await.unwrap();
+    assert!(
+        log.resident_hashes() * 5 < memory.resident_hashes(),
+        "{} hashes in memory with the file, {} without",
+        log.resident_hashes(),
+        memory.resident_hashes()
+    );
+    for seq in [1, 77, 128, 129, 256, 257, 300] {
+        for size in [seq, seq.max(200), 300] {
+            assert_eq!(
+                log.inclusion_proof(seq, size),
+                memory.inclusion_proof(seq, size),
+                "seq {seq} in {size}"
+            );
+        }
+    }
+    for (old, new) in [(100, 300), (128, 256), (257, 300), (1, 129)] {
+        assert_eq!(
+            log.consistency_proof(old, new),
+            memory.consistency_proof(old, new)
+        );
+    }
+    drop(log);
+
+    // A restart takes up where the file ends.
+    append(300, 350).await;
+    let signer = CheckpointSigner::generate().unwrap();
+    let hashes = all_hashes().await;
+    let checkpoint = signer.sign(350, root(&hashes), chrono::Utc::now());
+    append_checkpoint(&h.store, &checkpoint).await;
+    let hashes = all_hashes().await;
+    let log = MerkleLog::open(&file, &h.store).await.unwrap();
+    assert_eq!(log.len(), 351);
+    assert_eq!(log.root_at(351).unwrap(), root(&hashes));
+    drop(log);
+
+    let memory = MerkleLog::default();
+    memory.catch_up(&h.store).await.unwrap();
+    let intact = std::fs::read(&file).unwrap();
+    let tampered = |change: &dyn Fn(&mut Vec<u8>)| {
+        let mut bytes = intact.clone();
+        change(&mut bytes);
+        std::fs::write(&file, bytes).unwrap();
+    };
+    // Changed in the middle, its last hash still the ledger's: the checkpoint finds it.
+    tampered(&|b| b[10 * 32] ^= 1);
+    // Longer than the ledger, as another ledger's file would be.
+    let longer = |b: &mut Vec<u8>| b.extend_from_slice(&[9u8; 5 * 32]);
+    // Another ledger's last hash.
+    let last_changed = |b: &mut Vec<u8>| {
+        let at = b.len() - 1;
+        b[at] ^= 1;
+    };
+    for (case, change) in [
+        ("changed in the middle", None),
+        (
+            "longer than the ledger",
+            Some(&longer as &dyn Fn(&mut Vec<u8>)),
+        ),
+        (
+            "its last hash changed",
+            Some(&last_changed as &dyn Fn(&mut Vec<u8>)),
+        ),
+    ] {
+        if let Some(change) = change {
+            tampered(change);
+        }
+        let log = MerkleLog::open(&file, &h.store).await.unwrap();
+        assert_eq!(log.len(), 351, "{case}");
+        assert_eq!(log.root_at(351).unwrap(), root(&hashes), "{case}");
+        for seq in [11, 129, 351] {
+            assert_eq!(
+                log.inclusion_proof(seq, 351),
+                memory.inclusion_proof(seq, 351),
+                "{case}: seq {seq}"
+            );
+        }
+        assert_eq!(std::fs::read(&file).unwrap(), intact, "{case}");
+    }
+    h.finish().await;
+}
+
 async fn merkle_log_follows_the_ledger_and_proves_inclusion<F, Fut>(open: F)
 where
     F: Fn(StoreConfig) -> Fut,
@@ -1796,14 +1935,7 @@ where
             .await
             .unwrap();
         let checkpoint = signer.sign(claimed, [7; 32], chrono::Utc::now());
-        h.store
-            .append(
-                CHECKPOINT_STREAM,
-                ExpectedVersion::Any,
-                vec![checkpoint.to_event()],
-            )
-            .await
-            .unwrap();
+        append_checkpoint(&h.store, &checkpoint).await;
         h.store
             .append("a", ExpectedVersion::Any, vec![ev("E", 6), ev("E", 7)])
             .await
