@@ -85,7 +85,11 @@ fn audit_bench_proves_exports_and_replays_on_sqlite() {
         "--states",
         "5",
     ]);
-    assert!(line_starting(&report, "Merkle log loaded: ").contains("leaves"));
+    assert!(line_starting(&report, "Merkle log in memory: ").contains("leaves loaded"));
+    assert!(
+        line_starting(&report, "Merkle log with its file (as served): ").contains("opened again"),
+        "{report}"
+    );
     assert!(line_starting(&report, "inclusion proof at tree size ").contains("baseline"));
     assert!(
         line_starting(&report, "export of 300 events with proofs:").contains("offline verify"),
