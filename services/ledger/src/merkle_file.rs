@@ -119,11 +119,12 @@ impl PagedTree {
         Ok(())
     }
 
-    /// The event hash at leaf `index`, read from the file.
-    pub(crate) fn event_hash(&self, index: u64) -> io::Result<Hash> {
-        let mut hash = [0u8; 32];
-        self.file.read_exact_at(&mut hash, index * HASH_LEN)?;
-        Ok(hash)
+    /// The `count` event hashes from leaf `from` on, read from the file (fewer past its end).
+    pub(crate) fn event_hashes(&self, from: u64, count: u64) -> io::Result<Vec<Hash>> {
+        let count = count.min(self.len().saturating_sub(from));
+        let mut bytes = vec![0u8; usize::try_from(count * HASH_LEN).map_err(io::Error::other)?];
+        self.file.read_exact_at(&mut bytes, from * HASH_LEN)?;
+        Ok(hashes_of(&bytes))
     }
 
     /// Hashes held in memory (nodes, not counting the block cache): what the log costs.

@@ -91,10 +91,11 @@ impl MerkleLog {
     /// The log with its event hashes in the file at `path` (created if missing), brought
     /// up to date with `store`.
     ///
-    /// The file is trusted only as this ledger's prefix: if its last hash is not the
-    /// store's event hash at that seq (another ledger's file, or a ledger restored from an
-    /// older backup), or if the log's root at the latest signed checkpoint's size is not
-    /// the checkpoint's root, it is emptied and rebuilt from the store, with a warning.
+    /// The file is trusted only as this ledger's prefix, which two checks establish: its
+    /// hashes after the latest signed checkpoint are the store's, and its root at that
+    /// checkpoint's size is the signed root. If either fails (another ledger's file, a
+    /// ledger restored from an older backup, pages lost in a power cut: the file is not
+    /// synced, being derived), it is emptied and rebuilt from the store, with a warning.
     pub async fn open(path: &Path, store: &EventStore) -> Result<MerkleLog, LedgerError> {
         let path = path.to_owned();
         let tree = tokio::task::spawn_blocking(move || PagedTree::open(&path, BLOCK_LEVEL))
@@ -104,12 +105,20 @@ impl MerkleLog {
         let log = MerkleLog {
             tree: Arc::new(RwLock::new(Tree::File(tree))),
         };
-        if let Some(why) = log.disagreement_with_head(store).await? {
+        let latest = store
+            .read_stream(CHECKPOINT_STREAM, u64::MAX, Direction::Backward, 1)
+            .await?;
+        let checkpoint = latest
+            .first()
+            .and_then(SignedCheckpoint::from_event)
+            .and_then(Result::ok);
+        let signed_size = checkpoint.as_ref().map_or(0, |cp| cp.tree_size);
+        if let Some(why) = log.disagreement_with_ledger(store, signed_size).await? {
             tracing::warn!(reason = %why, "Merkle log file rebuilt from the ledger");
             log.clear()?;
         }
         log.catch_up(store).await?;
-        if let Some(why) = log.disagreement_with_checkpoint(store).await? {
+        if let Some(why) = checkpoint.and_then(|cp| log.disagreement_with_checkpoint(&cp)) {
             tracing::warn!(reason = %why, "Merkle log file rebuilt from the ledger");
             log.clear()?;
             log.catch_up(store).await?;
@@ -117,46 +126,51 @@ impl MerkleLog {
         Ok(log)
     }
 
-    /// Why the file's last event hash is not the store's, if it is not.
-    async fn disagreement_with_head(
+    /// Why the file's event hashes from leaf `from` to its end are not the store's, if
+    /// they are not.
+    async fn disagreement_with_ledger(
         &self,
         store: &EventStore,
+        from: u64,
     ) -> Result<Option<String>, LedgerError> {
-        let (len, last) = {
-            let tree = self.tree.read().map_err(|_| poisoned())?;
-            match &*tree {
-                Tree::File(t) if t.len() > 0 => (
-                    t.len(),
-                    t.event_hash(t.len() - 1).map_err(merkle_file_error)?,
-                ),
-                _ => return Ok(None),
+        let len = self.len();
+        let mut next = from.min(len);
+        while next < len {
+            let count = (len - next).min(u64::from(PAGE));
+            let ours = {
+                let tree = self.tree.read().map_err(|_| poisoned())?;
+                match &*tree {
+                    Tree::File(t) => t.event_hashes(next, count).map_err(merkle_file_error)?,
+                    Tree::Memory(_) => return Ok(None),
+                }
+            };
+            let stored = store
+                .read_hashes_following(next + 1, u32::try_from(count).unwrap_or(PAGE))
+                .await?;
+            for (i, hash) in ours.iter().enumerate() {
+                let seq = next + 1 + i as u64;
+                match stored.get(i) {
+                    Some((s, h)) if *s == seq && h == hash => {}
+                    Some((s, _)) if *s == seq => {
+                        return Ok(Some(format!(
+                            "its event hash at seq {seq} is not the ledger's"
+                        )));
+                    }
+                    _ => {
+                        return Ok(Some(format!(
+                            "it holds {len} event hashes; the ledger has no event at seq {seq}"
+                        )));
+                    }
+                }
             }
-        };
-        let stored = store.read_hashes_following(len, 1).await?;
-        Ok(match stored.first() {
-            Some((seq, hash)) if *seq == len && *hash == last => None,
-            Some((seq, _)) if *seq == len => {
-                Some(format!("its event hash at seq {len} is not the ledger's"))
-            }
-            _ => Some(format!(
-                "it holds {len} event hashes, more than the ledger has"
-            )),
-        })
+            next += count;
+        }
+        Ok(None)
     }
 
-    /// Why the log's root at the latest signed checkpoint's size is not that checkpoint's
-    /// root, if it is not.
-    async fn disagreement_with_checkpoint(
-        &self,
-        store: &EventStore,
-    ) -> Result<Option<String>, LedgerError> {
-        let latest = store
-            .read_stream(CHECKPOINT_STREAM, u64::MAX, Direction::Backward, 1)
-            .await?;
-        let Some(Ok(cp)) = latest.first().and_then(SignedCheckpoint::from_event) else {
-            return Ok(None);
-        };
-        Ok(match self.root_at(cp.tree_size) {
+    /// Why the log's root at the signed checkpoint's size is not its root, if it is not.
+    fn disagreement_with_checkpoint(&self, cp: &SignedCheckpoint) -> Option<String> {
+        match self.root_at(cp.tree_size) {
             Ok(root) if root == cp.root_hash => None,
             Ok(_) => Some(format!(
                 "its root at the checkpoint's {} events is not the signed root",
@@ -165,7 +179,7 @@ impl MerkleLog {
             // Not reached yet (written by another process after our catch-up), or the
             // file failed: only a wrong root is evidence against the file.
             Err(_) => None,
-        })
+        }
     }
 
     fn clear(&self) -> Result<(), LedgerError> {

@@ -1180,7 +1180,8 @@ where
 /// The served Merkle log keeps its event hashes in a file: it answers as the log held in
 /// memory, takes up where the file ends after a restart, and rebuilds the file from the
 /// ledger when the file is not the ledger's prefix (another ledger's, longer than the
-/// ledger, or changed in the middle, which the latest signed checkpoint's root reveals).
+/// ledger, or changed: before the latest signed checkpoint its root reveals it, after it
+/// the ledger's own hashes do).
 async fn the_merkle_log_file_is_kept_only_while_it_is_the_ledgers<F, Fut>(open: F)
 where
     F: Fn(StoreConfig) -> Fut,
@@ -1245,56 +1246,47 @@ where
     }
     drop(log);
 
-    // A restart takes up where the file ends.
+    // A restart takes up where the file ends; 20 events follow the checkpoint.
     append(300, 350).await;
     let signer = CheckpointSigner::generate().unwrap();
     let hashes = all_hashes().await;
     let checkpoint = signer.sign(350, root(&hashes), chrono::Utc::now());
     append_checkpoint(&h.store, &checkpoint).await;
+    append(350, 370).await;
     let hashes = all_hashes().await;
     let log = MerkleLog::open(&file, &h.store).await.unwrap();
-    assert_eq!(log.len(), 351);
-    assert_eq!(log.root_at(351).unwrap(), root(&hashes));
+    assert_eq!(log.len(), 371);
+    assert_eq!(log.root_at(371).unwrap(), root(&hashes));
     drop(log);
 
     let memory = MerkleLog::default();
     memory.catch_up(&h.store).await.unwrap();
     let intact = std::fs::read(&file).unwrap();
-    let tampered = |change: &dyn Fn(&mut Vec<u8>)| {
+    let flip = |seq: usize| move |b: &mut Vec<u8>| b[(seq - 1) * 32] ^= 1;
+    type Change = Box<dyn Fn(&mut Vec<u8>)>;
+    let cases: [(&str, Change); 4] = [
+        // Its last hash still the ledger's: the checkpoint's root finds it.
+        ("changed before the checkpoint", Box::new(flip(11))),
+        // After the checkpoint (as a page lost in a power cut would be), last hash intact:
+        // the ledger's hashes after the checkpoint find it.
+        ("changed after the checkpoint", Box::new(flip(360))),
+        (
+            "longer than the ledger, as another ledger's file would be",
+            Box::new(|b: &mut Vec<u8>| b.extend_from_slice(&[9u8; 5 * 32])),
+        ),
+        ("its last hash changed", Box::new(flip(371))),
+    ];
+    for (case, change) in cases {
         let mut bytes = intact.clone();
         change(&mut bytes);
         std::fs::write(&file, bytes).unwrap();
-    };
-    // Changed in the middle, its last hash still the ledger's: the checkpoint finds it.
-    tampered(&|b| b[10 * 32] ^= 1);
-    // Longer than the ledger, as another ledger's file would be.
-    let longer = |b: &mut Vec<u8>| b.extend_from_slice(&[9u8; 5 * 32]);
-    // Another ledger's last hash.
-    let last_changed = |b: &mut Vec<u8>| {
-        let at = b.len() - 1;
-        b[at] ^= 1;
-    };
-    for (case, change) in [
-        ("changed in the middle", None),
-        (
-            "longer than the ledger",
-            Some(&longer as &dyn Fn(&mut Vec<u8>)),
-        ),
-        (
-            "its last hash changed",
-            Some(&last_changed as &dyn Fn(&mut Vec<u8>)),
-        ),
-    ] {
-        if let Some(change) = change {
-            tampered(change);
-        }
         let log = MerkleLog::open(&file, &h.store).await.unwrap();
-        assert_eq!(log.len(), 351, "{case}");
-        assert_eq!(log.root_at(351).unwrap(), root(&hashes), "{case}");
-        for seq in [11, 129, 351] {
+        assert_eq!(log.len(), 371, "{case}");
+        assert_eq!(log.root_at(371).unwrap(), root(&hashes), "{case}");
+        for seq in [11, 129, 351, 360, 371] {
             assert_eq!(
-                log.inclusion_proof(seq, 351),
-                memory.inclusion_proof(seq, 351),
+                log.inclusion_proof(seq, 371),
+                memory.inclusion_proof(seq, 371),
                 "{case}: seq {seq}"
             );
         }
