@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use aether_e2e::{OPERATOR_TOKEN, REGULATOR_TOKEN, Server, http, run_aether};
+use aether_e2e::{OPERATOR_TOKEN, REGULATOR_TOKEN, Server, aether_bin, http, run_aether};
 use aether_ledger::testing::TestDatabase;
 use serde_json::{Value, json};
 
@@ -187,6 +187,62 @@ async fn postgres_ledger_survives_sigkill_under_load() {
     let db = TestDatabase::create().await;
     crash_and_recover(&[("DATABASE_URL", db.url.as_str())]).await;
     db.drop_database().await;
+}
+
+/// One data directory, one `aether serve`: a second is refused with the first's pid and
+/// changes nothing, and the directory is free again once the first dies, even by SIGKILL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_serve_on_the_same_data_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let first = Server::start(&data, &[]);
+    let client = http();
+    let before = append(&client, &first.base_url, "lock-a", 1).await.unwrap();
+    let mut second = std::process::Command::new(aether_bin())
+        .args(["serve", "--data-dir", data.to_str().unwrap()])
+        .args(["--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0"])
+        .env_remove("DATABASE_URL")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = second.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = second.kill();
+            panic!("a second serve on the same data directory was still running after 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut second.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "is in use by another `aether serve` (pid {})",
+            first.pid()
+        )),
+        "{stderr}"
+    );
+    // The first is untouched: it still appends.
+    let after = append(&client, &first.base_url, "lock-a", 2).await.unwrap();
+    first.kill();
+
+    let second = Server::start(&data, &[]);
+    let acked: Vec<&Value> = [&before, &after]
+        .iter()
+        .map(|v| &v["committed"][0]["seq"])
+        .collect();
+    let stored: Vec<Value> = all_events(&second)
+        .await
+        .into_iter()
+        .filter(|e| e["stream_id"] == "lock-a")
+        .map(|e| e["seq"].clone())
+        .collect();
+    assert_eq!(stored.iter().collect::<Vec<_>>(), acked);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -57,6 +57,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             args.ledger.data_dir.display()
         )
     })?;
+    // Held until `run` returns; the kernel releases it when the process dies, however.
+    let _data_dir_lock = lock_data_dir(&args.ledger.data_dir)?;
     let metrics = PrometheusBuilder::new()
         .install_recorder()
         .context("cannot install the metrics recorder")?;
@@ -316,4 +318,40 @@ async fn drain_relay(store: &EventStore, http: bool) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tracing::warn!("lineage relay still behind at shutdown; it resumes on the next start");
+}
+
+/// Takes the data directory for this process alone: its files (the Merkle log, the Delta
+/// tables, the lineage cursors' files, keys created on first start) each assume one writer.
+/// The lock file holds the owner's pid, for the message a second `serve` gets.
+fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    use std::io::{Read, Seek, Write};
+    let path = dir.join("serve.lock");
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut owner = String::new();
+            let _ = file.read_to_string(&mut owner);
+            anyhow::bail!(
+                "the data directory {} is in use by another `aether serve` (pid {}): stop it, \
+                 or give this one its own --data-dir",
+                dir.display(),
+                owner.trim()
+            );
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(e).with_context(|| format!("cannot lock {}", path.display()));
+        }
+    }
+    file.set_len(0)
+        .and_then(|()| file.rewind())
+        .and_then(|()| write!(file, "{}", std::process::id()))
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(file)
 }
