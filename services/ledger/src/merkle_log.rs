@@ -281,24 +281,46 @@ impl MerkleLog {
         }
     }
 
-    /// Keeps the log up to date until `stop` turns true.
-    pub async fn follow(
-        self,
-        store: EventStore,
-        mut stop: watch::Receiver<bool>,
-    ) -> Result<(), LedgerError> {
+    /// Keeps the log up to date until `stop` turns true. A failed catch-up (the database
+    /// gone for a moment, a full disk under the file) is logged once and retried every
+    /// second until it succeeds: the audit API's proofs depend on this task staying alive.
+    pub async fn follow(self, store: EventStore, mut stop: watch::Receiver<bool>) {
         let mut committed = store.committed_seq();
+        let mut failing = false;
         loop {
             committed.borrow_and_update();
-            self.catch_up(&store).await?;
+            match self.catch_up(&store).await {
+                Ok(len) if failing => {
+                    tracing::info!(events = len, "Merkle log follower caught up again");
+                    failing = false;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!(
+                            error = %e,
+                            "Merkle log follower cannot catch up; retrying every second"
+                        );
+                    }
+                    failing = true;
+                }
+            }
             if *stop.borrow() {
-                return Ok(());
+                return;
+            }
+            let retry = Duration::from_secs(1);
+            if failing {
+                tokio::select! {
+                    _ = tokio::time::sleep(retry) => {}
+                    _ = stop.changed() => {}
+                }
+                continue;
             }
             tokio::select! {
                 _ = committed.changed() => {}
                 _ = stop.changed() => {}
                 // Other processes may write the same database.
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = tokio::time::sleep(retry) => {}
             }
         }
     }

@@ -1343,7 +1343,7 @@ where
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     stop_tx.send(true).unwrap();
-    follower.await.unwrap().unwrap();
+    follower.await.unwrap();
     let all: Vec<[u8; 32]> = h
         .store
         .read_all(1, 100)
@@ -1703,6 +1703,38 @@ where
 /// The server dropping every connection (a restart, a failover) costs only the appends and
 /// reads that find out: connections that failed are closed, never reused, and the ledger
 /// goes on gapless and verifiable.
+/// A Merkle log whose file cannot be written (here `/dev/full`: every write is ENOSPC, as
+/// on a full disk) refuses to catch up with the error, adds nothing half-written, and its
+/// follower stays alive retrying rather than ending silently, until told to stop.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_merkle_follower_whose_disk_is_full_keeps_retrying() {
+    use aether_ledger::MerkleLog;
+    let h = Harness::sqlite(StoreConfig::default()).await;
+    let log = MerkleLog::open(std::path::Path::new("/dev/full"), &h.store)
+        .await
+        .unwrap();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let follower = tokio::spawn(log.clone().follow(h.store.clone(), stop_rx));
+    h.store
+        .append("m", ExpectedVersion::Any, vec![ev("E", 1), ev("E", 2)])
+        .await
+        .unwrap();
+    // Long enough for a failed catch-up and a retry a second later.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!follower.is_finished(), "the follower gave up");
+    assert_eq!(log.len(), 0);
+    let err = log.catch_up(&h.store).await.unwrap_err();
+    assert!(err.to_string().contains("No space left on device"), "{err}");
+    assert_eq!(log.len(), 0);
+    stop_tx.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), follower)
+        .await
+        .expect("the follower stops when told")
+        .unwrap();
+    h.finish().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_recovers_after_the_server_drops_every_connection() {
     use sqlx::Connection;
