@@ -35,54 +35,123 @@ impl Default for CheckpointPolicy {
 const PAGE: u32 = 5000;
 
 /// Runs until `stop` turns true; then signs a final checkpoint if anything is uncovered.
+///
+/// A failed read or signing (the database gone for a moment, an append refused) is logged
+/// once and retried every second: a checkpointer that ended silently would leave
+/// regulators' proofs against an ever older tree head. Only a failure of the final
+/// checkpoint, at stop, is returned.
 pub async fn run_checkpointer(
     store: EventStore,
     signer: CheckpointSigner,
     policy: CheckpointPolicy,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), LedgerError> {
-    let mut frontier = Frontier::new();
-    let mut last_size = last_checkpoint_size(&store).await?;
     let mut committed = store.committed_seq();
     let mut ticker = tokio::time::interval(policy.every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut signing = Signing {
+        store,
+        signer,
+        every_events: policy.every_events,
+        frontier: Frontier::new(),
+        last_size: None,
+    };
+    let retry = Duration::from_secs(1);
+    let mut failing = false;
     loop {
-        // Catch up with everything committed so far.
+        let step = signing.catch_up(&mut committed).await;
+        if *stop.borrow() {
+            step?;
+            return signing.sign_uncovered().await;
+        }
+        let step = match step {
+            Ok(()) => {
+                if failing {
+                    tracing::info!(
+                        events = signing.frontier.size(),
+                        "checkpointer caught up again"
+                    );
+                    failing = false;
+                }
+                tokio::select! {
+                    _ = ticker.tick() => signing.sign_uncovered().await,
+                    _ = committed.changed() => Ok(()),
+                    _ = stop.changed() => Ok(()),
+                    // Other processes may write the same database.
+                    _ = tokio::time::sleep(retry) => Ok(()),
+                }
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = step {
+            if !failing {
+                tracing::warn!(
+                    error = %e,
+                    "checkpointer cannot read or sign; retrying every second"
+                );
+            }
+            failing = true;
+            tokio::select! {
+                _ = tokio::time::sleep(retry) => {}
+                _ = stop.changed() => {}
+            }
+        }
+    }
+}
+
+/// The checkpointer's state: the Merkle frontier of what it has read, and the size of the
+/// newest checkpoint (read from the ledger on first use).
+struct Signing {
+    store: EventStore,
+    signer: CheckpointSigner,
+    every_events: u64,
+    frontier: Frontier,
+    last_size: Option<u64>,
+}
+
+impl Signing {
+    async fn last_size(&mut self) -> Result<u64, LedgerError> {
+        match self.last_size {
+            Some(size) => Ok(size),
+            None => {
+                let size = last_checkpoint_size(&self.store).await?;
+                self.last_size = Some(size);
+                Ok(size)
+            }
+        }
+    }
+
+    /// Reads everything committed so far, signing whenever `every_events` are uncovered.
+    async fn catch_up(&mut self, committed: &mut watch::Receiver<u64>) -> Result<(), LedgerError> {
         loop {
             committed.borrow_and_update();
-            let page = store
-                .read_hashes_following(frontier.size() + 1, PAGE)
+            let page = self
+                .store
+                .read_hashes_following(self.frontier.size() + 1, PAGE)
                 .await?;
             // A short page is the end (no second read that finds nothing).
             let at_end = page.len() < PAGE as usize;
             for (_, hash) in &page {
-                frontier.push(hash);
-                if frontier.size() >= last_size + policy.every_events {
-                    last_size = sign(&store, &signer, &frontier).await?;
+                self.frontier.push(hash);
+                if self.frontier.size() >= self.last_size().await? + self.every_events {
+                    self.last_size = Some(sign(&self.store, &self.signer, &self.frontier).await?);
                 }
             }
             if at_end {
-                break;
+                return Ok(());
             }
         }
-        if *stop.borrow() {
-            // The checkpoint event itself is the one uncovered event after a signing.
-            if frontier.size() > last_size + 1 || (last_size == 0 && frontier.size() > 0) {
-                sign(&store, &signer, &frontier).await?;
-            }
-            return Ok(());
+    }
+
+    /// Signs if any event but the last checkpoint itself is uncovered.
+    async fn sign_uncovered(&mut self) -> Result<(), LedgerError> {
+        let last_size = self.last_size().await?;
+        // The checkpoint event itself is the one uncovered event after a signing.
+        let size = self.frontier.size();
+        if size > last_size + 1 || (last_size == 0 && size > 0) {
+            self.last_size = Some(sign(&self.store, &self.signer, &self.frontier).await?);
         }
-        tokio::select! {
-            _ = ticker.tick() => {
-                if frontier.size() > last_size + 1 || (last_size == 0 && frontier.size() > 0) {
-                    last_size = sign(&store, &signer, &frontier).await?;
-                }
-            }
-            _ = committed.changed() => {}
-            _ = stop.changed() => {}
-            // Other processes may write the same database.
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-        }
+        Ok(())
     }
 }
 

@@ -1703,6 +1703,63 @@ where
 /// The server dropping every connection (a restart, a failover) costs only the appends and
 /// reads that find out: connections that failed are closed, never reused, and the ledger
 /// goes on gapless and verifiable.
+/// A checkpointer that cannot sign (here PostgreSQL refuses checkpoint rows for a while)
+/// keeps running, and signs what it owes once it can again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpointer_that_cannot_sign_retries_until_it_can() {
+    use sqlx::Connection;
+    let h = Harness::postgres(StoreConfig::default()).await;
+    for n in 0..25 {
+        h.store
+            .append("a", ExpectedVersion::Any, vec![ev("E", n)])
+            .await
+            .unwrap();
+    }
+    let mut admin = sqlx::PgConnection::connect(&h.url).await.unwrap();
+    sqlx::raw_sql(&format!(
+        "CREATE FUNCTION refuse_checkpoints() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF NEW.stream_id = '{CHECKPOINT_STREAM}' THEN \
+         RAISE EXCEPTION 'checkpoints refused by the test'; END IF; RETURN NEW; END $$; \
+         CREATE TRIGGER refuse_checkpoints BEFORE INSERT ON events \
+         FOR EACH ROW EXECUTE FUNCTION refuse_checkpoints();"
+    ))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    let signer = CheckpointSigner::generate().unwrap();
+    let trusted = signer.verifier();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let policy = CheckpointPolicy {
+        every_events: 10,
+        every: Duration::from_secs(3600),
+    };
+    let task = tokio::spawn(run_checkpointer(h.store.clone(), signer, policy, stop_rx));
+    // Long enough for a refused signing and a retry a second later.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!task.is_finished(), "the checkpointer gave up");
+    assert_eq!(h.store.stream_version(CHECKPOINT_STREAM).await.unwrap(), 0);
+
+    sqlx::raw_sql("DROP TRIGGER refuse_checkpoints ON events")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while h.store.stream_version(CHECKPOINT_STREAM).await.unwrap() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline && !task.is_finished(),
+            "no checkpoints after the database took them again"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop_tx.send(true).unwrap();
+    task.await.unwrap().unwrap();
+    let report = verify_store(&h.store, Some(trusted), |_| {}).await.unwrap();
+    assert!(report.is_ok(), "{:?}", report.failure);
+    let latest = report.latest_checkpoint.unwrap();
+    assert_eq!(latest.tree_size, head_seq(&h.store).await - 1);
+    h.finish().await;
+}
+
 /// A Merkle log whose file cannot be written (here `/dev/full`: every write is ENOSPC, as
 /// on a full disk) refuses to catch up with the error, adds nothing half-written, and its
 /// follower stays alive retrying rather than ending silently, until told to stop.
