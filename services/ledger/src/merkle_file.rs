@@ -48,6 +48,23 @@ pub(crate) struct PagedTree {
 }
 
 impl PagedTree {
+    /// An empty tree on an unnamed temporary file (in `TMPDIR`), gone when the tree is
+    /// dropped: for one pass over a ledger that must not hold every hash in memory.
+    pub(crate) fn scratch(block_level: u32) -> io::Result<Self> {
+        Ok(Self::on(tempfile::tempfile()?, block_level))
+    }
+
+    fn on(file: File, block_level: u32) -> Self {
+        PagedTree {
+            file,
+            block_level,
+            full_blocks: 0,
+            upper: Vec::new(),
+            tail: MerkleTree::new(),
+            cache: Mutex::new(VecDeque::new()),
+        }
+    }
+
     /// Opens (or creates) the file at `path` and rebuilds the levels kept in memory from it;
     /// a torn last hash (a crash mid-write) is cut off.
     pub(crate) fn open(path: &Path, block_level: u32) -> io::Result<Self> {
@@ -65,14 +82,7 @@ impl PagedTree {
         if whole != bytes {
             file.set_len(whole)?;
         }
-        let mut tree = PagedTree {
-            file,
-            block_level,
-            full_blocks: 0,
-            upper: Vec::new(),
-            tail: MerkleTree::new(),
-            cache: Mutex::new(VecDeque::new()),
-        };
+        let mut tree = Self::on(file, block_level);
         let mut reader = tree.file.try_clone()?;
         let mut bytes = vec![0u8; OPEN_CHUNK * HASH_LEN as usize];
         let mut left = whole;

@@ -11,7 +11,8 @@ use crate::checkpoint::{CheckpointVerifier, SignedCheckpoint};
 use crate::error::LedgerError;
 use crate::event::RecordedEvent;
 use crate::hashing::{self, GENESIS_PREV_HASH, Hash};
-use crate::merkle::MerkleTree;
+use crate::merkle::{ProofError, StoredNodes};
+use crate::merkle_file::{BLOCK_LEVEL, PagedTree};
 use crate::store::EventStore;
 
 /// What is wrong at the first broken seq.
@@ -78,27 +79,43 @@ pub struct ChainVerifier {
     prev_hash: Hash,
     prev_time: Option<DateTime<Utc>>,
     stream_versions: HashMap<String, u64>,
-    tree: MerkleTree,
+    /// The event hashes in a scratch file, the tree above 128-event blocks in memory: a
+    /// checkpoint's root is at any earlier size, and a ledger of billions of events would
+    /// not fit in memory at ~64 bytes an event.
+    tree: PagedTree,
     checkpoints: u64,
     latest_checkpoint: Option<SignedCheckpoint>,
     failure: Option<VerifyFailure>,
 }
 
+/// Why an event could not be checked: the ledger is broken there, or the verifier's own
+/// scratch file failed (which says nothing about the ledger).
+enum Checked {
+    Broken(Problem),
+    Scratch(LedgerError),
+}
+
+fn scratch_error(e: impl std::fmt::Display) -> LedgerError {
+    LedgerError::MerkleFile(format!("the verifier's scratch file: {e}"))
+}
+
 impl ChainVerifier {
     /// Checkpoints must be signed by `trusted_key`; without one, each checkpoint is checked
-    /// against the key it names (which proves integrity, not who signed).
-    pub fn new(trusted_key: Option<CheckpointVerifier>) -> Self {
-        ChainVerifier {
+    /// against the key it names (which proves integrity, not who signed). Fails only if
+    /// the scratch file for the event hashes cannot be created.
+    pub fn new(trusted_key: Option<CheckpointVerifier>) -> Result<Self, LedgerError> {
+        let tree = PagedTree::scratch(BLOCK_LEVEL).map_err(scratch_error)?;
+        Ok(ChainVerifier {
             trusted_key,
             expected_seq: 1,
             prev_hash: GENESIS_PREV_HASH,
             prev_time: None,
             stream_versions: HashMap::new(),
-            tree: MerkleTree::new(),
+            tree,
             checkpoints: 0,
             latest_checkpoint: None,
             failure: None,
-        }
+        })
     }
 
     pub fn failed(&self) -> bool {
@@ -107,15 +124,20 @@ impl ChainVerifier {
 
     /// Checks one event; `computed_hash` is its recomputed hash (computed by the caller so
     /// that it can be done in parallel). After the first failure, further events are ignored.
-    pub fn push(&mut self, event: &RecordedEvent, computed_hash: Hash) {
-        self.push_page(std::slice::from_ref(event), &[computed_hash]);
+    /// An error is the scratch file's (the ledger's problems go in the report).
+    pub fn push(&mut self, event: &RecordedEvent, computed_hash: Hash) -> Result<(), LedgerError> {
+        self.push_page(std::slice::from_ref(event), &[computed_hash])
     }
 
     /// [`push`](Self::push) for consecutive events with their recomputed hashes; the
     /// page's Merkle leaves and nodes are hashed together first, on SIMD lanes.
-    pub fn push_page(&mut self, events: &[RecordedEvent], computed_hashes: &[Hash]) {
+    pub fn push_page(
+        &mut self,
+        events: &[RecordedEvent],
+        computed_hashes: &[Hash],
+    ) -> Result<(), LedgerError> {
         if self.failure.is_some() {
-            return;
+            return Ok(());
         }
         // The tree takes the events that extend it in seq order; the checks below report
         // anything else at the event where it happens, and stop there.
@@ -125,44 +147,49 @@ impl ChainVerifier {
             .take_while(|(e, seq)| e.seq == *seq)
             .map(|(e, _)| e.hash)
             .collect();
-        self.tree.extend(&ahead);
+        self.tree.extend(&ahead).map_err(scratch_error)?;
         for (event, hash) in events.iter().zip(computed_hashes) {
-            if let Err(problem) = self.check(event, *hash) {
-                self.failure = Some(VerifyFailure {
-                    seq: event.seq,
-                    problem,
-                });
-                return;
+            match self.check(event, *hash) {
+                Ok(()) => {}
+                Err(Checked::Scratch(e)) => return Err(e),
+                Err(Checked::Broken(problem)) => {
+                    self.failure = Some(VerifyFailure {
+                        seq: event.seq,
+                        problem,
+                    });
+                    return Ok(());
+                }
             }
         }
+        Ok(())
     }
 
-    fn check(&mut self, event: &RecordedEvent, computed: Hash) -> Result<(), Problem> {
+    fn check(&mut self, event: &RecordedEvent, computed: Hash) -> Result<(), Checked> {
         if event.seq != self.expected_seq {
-            return Err(Problem::Gap {
+            return Err(Checked::Broken(Problem::Gap {
                 expected: self.expected_seq,
                 found: event.seq,
-            });
+            }));
         }
         if event.prev_hash != self.prev_hash {
-            return Err(Problem::BadLink {
+            return Err(Checked::Broken(Problem::BadLink {
                 expected: hex::encode(self.prev_hash),
                 found: hex::encode(event.prev_hash),
-            });
+            }));
         }
         if computed != event.hash {
-            return Err(Problem::HashMismatch {
+            return Err(Checked::Broken(Problem::HashMismatch {
                 stored: hex::encode(event.hash),
                 computed: hex::encode(computed),
-            });
+            }));
         }
         if let Some(previous) = self.prev_time
             && event.recorded_at < previous
         {
-            return Err(Problem::TimeWentBackwards {
+            return Err(Checked::Broken(Problem::TimeWentBackwards {
                 previous: previous.to_rfc3339(),
                 at: event.recorded_at.to_rfc3339(),
-            });
+            }));
         }
         // Look up before inserting: the stream id is copied once per stream, not per event.
         let version = match self.stream_versions.get_mut(event.stream_id.as_str()) {
@@ -173,11 +200,11 @@ impl ChainVerifier {
                 .or_insert(0),
         };
         if event.stream_version != *version + 1 {
-            return Err(Problem::StreamVersionGap {
+            return Err(Checked::Broken(Problem::StreamVersionGap {
                 stream_id: event.stream_id.clone(),
                 expected: *version + 1,
                 found: event.stream_version,
-            });
+            }));
         }
         *version += 1;
         if let Some(checkpoint) = SignedCheckpoint::from_event(event) {
@@ -192,10 +219,12 @@ impl ChainVerifier {
     fn check_checkpoint(
         &mut self,
         checkpoint: Result<SignedCheckpoint, crate::checkpoint::CheckpointError>,
-    ) -> Result<(), Problem> {
+    ) -> Result<(), Checked> {
         use crate::checkpoint::CheckpointError;
-        let checkpoint = checkpoint.map_err(|e| Problem::BadCheckpoint {
-            reason: e.to_string(),
+        let checkpoint = checkpoint.map_err(|e| {
+            Checked::Broken(Problem::BadCheckpoint {
+                reason: e.to_string(),
+            })
         })?;
         let signature = match &self.trusted_key {
             Some(key) => key.verify(&checkpoint),
@@ -203,31 +232,38 @@ impl ChainVerifier {
         };
         match signature {
             Ok(()) => {}
-            Err(CheckpointError::BadSignature) => return Err(Problem::BadSignature),
+            Err(CheckpointError::BadSignature) => {
+                return Err(Checked::Broken(Problem::BadSignature));
+            }
             Err(e) => {
-                return Err(Problem::BadCheckpoint {
+                return Err(Checked::Broken(Problem::BadCheckpoint {
                     reason: e.to_string(),
-                });
+                }));
             }
         }
         // Only the events before the checkpoint count, whatever the tree holds already.
         if checkpoint.tree_size >= self.expected_seq {
-            return Err(Problem::CheckpointBeyondLog {
+            return Err(Checked::Broken(Problem::CheckpointBeyondLog {
                 tree_size: checkpoint.tree_size,
-            });
+            }));
         }
-        let computed =
-            self.tree
-                .root_at(checkpoint.tree_size)
-                .map_err(|_| Problem::CheckpointBeyondLog {
+        let computed = match self.tree.root_at(checkpoint.tree_size) {
+            Ok(root) => root,
+            Err(e @ (ProofError::LeafFile { .. } | ProofError::MissingNode { .. })) => {
+                return Err(Checked::Scratch(scratch_error(e)));
+            }
+            Err(_) => {
+                return Err(Checked::Broken(Problem::CheckpointBeyondLog {
                     tree_size: checkpoint.tree_size,
-                })?;
+                }));
+            }
+        };
         if computed != checkpoint.root_hash {
-            return Err(Problem::RootMismatch {
+            return Err(Checked::Broken(Problem::RootMismatch {
                 tree_size: checkpoint.tree_size,
                 claimed: hex::encode(checkpoint.root_hash),
                 computed: hex::encode(computed),
-            });
+            }));
         }
         self.checkpoints += 1;
         self.latest_checkpoint = Some(checkpoint);
@@ -265,7 +301,7 @@ pub async fn verify_store(
             }
         })
     };
-    let mut verifier = ChainVerifier::new(trusted_key);
+    let mut verifier = ChainVerifier::new(trusted_key)?;
     let mut checked = 0u64;
     while let Some(page) = rx.recv().await {
         let page = page?;
@@ -274,12 +310,12 @@ pub async fn verify_store(
         }
         let checking = tokio::task::spawn_blocking(move || {
             let hashes = recompute_hashes(&page);
-            verifier.push_page(&page, &hashes);
-            (verifier, page.len())
+            let pushed = verifier.push_page(&page, &hashes);
+            pushed.map(|()| (verifier, page.len()))
         });
         let (checked_verifier, len) = checking
             .await
-            .map_err(|e| LedgerError::CommitFailed(format!("verifier task failed: {e}")))?;
+            .map_err(|e| LedgerError::CommitFailed(format!("verifier task failed: {e}")))??;
         verifier = checked_verifier;
         checked += len as u64;
         progress(checked);

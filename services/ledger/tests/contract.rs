@@ -155,6 +155,7 @@ contract!(
     reading_everything_streamed_equals_reading_page_by_page,
     a_checkpoint_covering_itself_or_later_events_is_refused,
     a_verify_that_stops_early_leaves_the_store_usable,
+    verify_checks_roots_inside_blocks_it_keeps_on_disk,
 );
 
 async fn appended_events_read_back_chained<F, Fut>(open: F)
@@ -1292,6 +1293,67 @@ where
         }
         assert_eq!(std::fs::read(&file).unwrap(), intact, "{case}");
     }
+    h.finish().await;
+}
+
+/// `verify` keeps the event hashes in a scratch file and only the tree above 128-event
+/// blocks in memory; a checkpoint whose size falls inside a block already complete (a
+/// lagging signer's) is checked against that block read back, right or wrong.
+async fn verify_checks_roots_inside_blocks_it_keeps_on_disk<F, Fut>(open: F)
+where
+    F: Fn(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = Harness>,
+{
+    use aether_ledger::merkle::root;
+    let h = open(StoreConfig::default()).await;
+    for start in (0..300).step_by(50) {
+        let batch = (start..start + 50).map(|n| ev("E", n)).collect();
+        h.store
+            .append("m", ExpectedVersion::Any, batch)
+            .await
+            .unwrap();
+    }
+    let hashes: Vec<[u8; 32]> = h
+        .store
+        .read_all(1, 1000)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.hash)
+        .collect();
+    let signer = CheckpointSigner::generate().unwrap();
+    let trusted = signer.verifier();
+    // Seq 301 signs the first 200 events: 200 is inside the second block (128..256).
+    let right = signer.sign(200, root(&hashes[..200]), chrono::Utc::now());
+    append_checkpoint(&h.store, &right).await;
+    for n in 300..400 {
+        h.store
+            .append("m", ExpectedVersion::Any, vec![ev("E", n)])
+            .await
+            .unwrap();
+    }
+    let report = verify_store(&h.store, Some(trusted.clone()), |_| {})
+        .await
+        .unwrap();
+    assert!(report.is_ok(), "{:?}", report.failure);
+    assert_eq!(report.events_checked, 401);
+    assert_eq!(report.checkpoints_checked, 1);
+    assert_eq!(report.latest_checkpoint.unwrap().tree_size, 200);
+
+    // Seq 402 signs 130 events with the root of 129: named, with both roots.
+    let wrong = signer.sign(130, root(&hashes[..129]), chrono::Utc::now());
+    append_checkpoint(&h.store, &wrong).await;
+    let report = verify_store(&h.store, Some(trusted), |_| {}).await.unwrap();
+    let failure = report.failure.unwrap();
+    assert_eq!(failure.seq, 402);
+    assert_eq!(
+        failure.problem,
+        Problem::RootMismatch {
+            tree_size: 130,
+            claimed: hex::encode(root(&hashes[..129])),
+            computed: hex::encode(root(&hashes[..130])),
+        }
+    );
     h.finish().await;
 }
 
