@@ -71,8 +71,8 @@ impl VerifyReport {
     }
 }
 
-/// Streaming verifier: feed events in seq order, then take the report. Pure, so the
-/// database walk and the offline bundle verifier share it.
+/// Streaming verifier: feed events in seq order, then take the report. It reads nothing
+/// itself (the caller brings the events), so any source of events can be checked with it.
 pub struct ChainVerifier {
     trusted_key: Option<CheckpointVerifier>,
     expected_seq: u64,
