@@ -426,4 +426,11 @@ async fn http_api_refuses_bad_requests_precisely_and_writes_nothing() {
         metrics.contains("aether_ledger_events_appended_total 2"),
         "{metrics}"
     );
+    // The background tasks that retry rather than end say whether they are retrying.
+    for gauge in [
+        "aether_ledger_checkpointer_failing 0",
+        "aether_ledger_merkle_follower_failing 0",
+    ] {
+        assert!(metrics.contains(gauge), "{gauge} in:\n{metrics}");
+    }
 }

@@ -58,6 +58,9 @@ pub async fn run_checkpointer(
     };
     let retry = Duration::from_secs(1);
     let mut failing = false;
+    // 1 while retrying: what an operator alerts on (the log says it once).
+    let failing_gauge = metrics::gauge!("aether_ledger_checkpointer_failing");
+    failing_gauge.set(0.0);
     loop {
         let step = signing.catch_up(&mut committed).await;
         if *stop.borrow() {
@@ -72,6 +75,7 @@ pub async fn run_checkpointer(
                         "checkpointer caught up again"
                     );
                     failing = false;
+                    failing_gauge.set(0.0);
                 }
                 tokio::select! {
                     _ = ticker.tick() => signing.sign_uncovered().await,
@@ -91,6 +95,7 @@ pub async fn run_checkpointer(
                 );
             }
             failing = true;
+            failing_gauge.set(1.0);
             tokio::select! {
                 _ = tokio::time::sleep(retry) => {}
                 _ = stop.changed() => {}

@@ -287,12 +287,16 @@ impl MerkleLog {
     pub async fn follow(self, store: EventStore, mut stop: watch::Receiver<bool>) {
         let mut committed = store.committed_seq();
         let mut failing = false;
+        // 1 while retrying: what an operator alerts on (the log says it once).
+        let failing_gauge = metrics::gauge!("aether_ledger_merkle_follower_failing");
+        failing_gauge.set(0.0);
         loop {
             committed.borrow_and_update();
             match self.catch_up(&store).await {
                 Ok(len) if failing => {
                     tracing::info!(events = len, "Merkle log follower caught up again");
                     failing = false;
+                    failing_gauge.set(0.0);
                 }
                 Ok(_) => {}
                 Err(e) => {
@@ -303,6 +307,7 @@ impl MerkleLog {
                         );
                     }
                     failing = true;
+                    failing_gauge.set(1.0);
                 }
             }
             if *stop.borrow() {
