@@ -189,16 +189,10 @@ async fn postgres_ledger_survives_sigkill_under_load() {
     db.drop_database().await;
 }
 
-/// One data directory, one `aether serve`: a second is refused with the first's pid and
-/// changes nothing, and the directory is free again once the first dies, even by SIGKILL.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_second_serve_on_the_same_data_directory_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let first = Server::start(&data, &[]);
-    let client = http();
-    let before = append(&client, &first.base_url, "lock-a", 1).await.unwrap();
-    let mut second = std::process::Command::new(aether_bin())
+/// Runs `aether serve` on `data` expecting it to refuse to start: its exit status and
+/// stderr (a server that keeps running fails the test after 30 s instead of hanging it).
+fn serve_that_should_exit(data: &std::path::Path) -> (std::process::ExitStatus, String) {
+    let mut serve = std::process::Command::new(aether_bin())
         .args(["serve", "--data-dir", data.to_str().unwrap()])
         .args(["--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0"])
         .env_remove("DATABASE_URL")
@@ -208,17 +202,50 @@ async fn a_second_serve_on_the_same_data_directory_is_refused() {
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     let status = loop {
-        if let Some(status) = second.try_wait().unwrap() {
+        if let Some(status) = serve.try_wait().unwrap() {
             break status;
         }
         if Instant::now() > deadline {
-            let _ = second.kill();
-            panic!("a second serve on the same data directory was still running after 30 s");
+            let _ = serve.kill();
+            panic!(
+                "aether serve on {} was still running after 30 s",
+                data.display()
+            );
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        std::thread::sleep(Duration::from_millis(50));
     };
     let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut second.stderr.take().unwrap(), &mut stderr).unwrap();
+    std::io::Read::read_to_string(&mut serve.stderr.take().unwrap(), &mut stderr).unwrap();
+    (status, stderr)
+}
+
+/// A Merkle log that cannot be opened stops the start with an error naming its path.
+#[test]
+fn an_unusable_merkle_log_location_is_named_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    // A file where the Merkle log's directory belongs.
+    std::fs::write(data.join("merkle"), b"not a directory").unwrap();
+    let (status, stderr) = serve_that_should_exit(&data);
+    assert!(!status.success(), "{stderr}");
+    let expected = format!(
+        "cannot open the Merkle log at {}",
+        data.join("merkle").join("event-hashes").display()
+    );
+    assert!(stderr.contains(&expected), "{stderr}");
+}
+
+/// One data directory, one `aether serve`: a second is refused with the first's pid and
+/// changes nothing, and the directory is free again once the first dies, even by SIGKILL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_serve_on_the_same_data_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let first = Server::start(&data, &[]);
+    let client = http();
+    let before = append(&client, &first.base_url, "lock-a", 1).await.unwrap();
+    let (status, stderr) = serve_that_should_exit(&data);
     assert!(!status.success(), "{stderr}");
     assert!(
         stderr.contains(&format!(

@@ -168,7 +168,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // The event hashes live in a file beside the Delta tables; memory keeps ~0.5 byte an
     // event of the tree instead of 64.
     let merkle_file = args.ledger.data_dir.join("merkle").join("event-hashes");
-    let merkle = MerkleLog::open(&merkle_file, &store).await?;
+    let merkle = MerkleLog::open(&merkle_file, &store)
+        .await
+        .with_context(|| format!("cannot open the Merkle log at {}", merkle_file.display()))?;
     tracing::info!(
         events = merkle.len(),
         file = %merkle_file.display(),
