@@ -153,3 +153,26 @@ pub fn http() -> reqwest::Client {
         .build()
         .expect("http client")
 }
+
+/// Every event of the ledger as `GET /v1/events` pages them, read as the regulator.
+pub async fn all_events(server: &Server) -> Vec<serde_json::Value> {
+    let client = http();
+    let mut out = Vec::new();
+    let mut from = 1;
+    loop {
+        let page: serde_json::Value = client
+            .get(server.url(&format!("/v1/events?from_seq={from}&limit=1000")))
+            .bearer_auth(REGULATOR_TOKEN)
+            .send()
+            .await
+            .expect("GET /v1/events")
+            .json()
+            .await
+            .expect("a page of events");
+        out.extend(page["events"].as_array().into_iter().flatten().cloned());
+        match page["next_from_seq"].as_u64() {
+            Some(n) => from = n,
+            None => return out,
+        }
+    }
+}

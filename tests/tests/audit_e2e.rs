@@ -17,6 +17,20 @@ fn hashes(v: &Value) -> Vec<[u8; 32]> {
         .collect()
 }
 
+/// `POST /v1/audit/exports` with `token`.
+async fn post_export(
+    server: &Server,
+    token: &str,
+    body: Value,
+) -> Result<reqwest::Response, reqwest::Error> {
+    http()
+        .post(server.url("/v1/audit/exports"))
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+}
+
 async fn get(server: &Server, path: &str, token: &str) -> (u16, Value) {
     let resp = http()
         .get(server.url(path))
@@ -284,13 +298,7 @@ async fn an_exported_bundle_verifies_offline_and_a_changed_byte_fails() {
             .unwrap();
         assert_eq!(resp.status(), 201);
     }
-    let export = |body: Value| {
-        client
-            .post(server.url("/v1/audit/exports"))
-            .bearer_auth(REGULATOR_TOKEN)
-            .json(&body)
-            .send()
-    };
+    let export = |body: Value| post_export(&server, REGULATOR_TOKEN, body);
     // Wait until a checkpoint covers the appends, then export them.
     let deadline = Instant::now() + Duration::from_secs(20);
     let bundle: Value = loop {
@@ -362,11 +370,7 @@ async fn an_exported_bundle_verifies_offline_and_a_changed_byte_fails() {
         export(json!({"member": ["a"]})).await.unwrap().status(),
         400
     );
-    let as_operator = client
-        .post(server.url("/v1/audit/exports"))
-        .bearer_auth(OPERATOR_TOKEN)
-        .json(&json!({}))
-        .send()
+    let as_operator = post_export(&server, OPERATOR_TOKEN, json!({}))
         .await
         .unwrap();
     assert_eq!(as_operator.status(), 403);
@@ -794,18 +798,74 @@ async fn proofs_survive_a_crash_and_a_changed_merkle_file() {
     changed[6 * 32] ^= 1;
     std::fs::write(&file, &changed).unwrap();
     let server = Server::start(&data, &env);
+    // And seq 130's while it runs, before any proof has read its block (129..256).
+    let flip_on_disk = |at: usize| {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&file)
+            .unwrap();
+        let mut byte = [0u8];
+        f.read_exact_at(&mut byte, at as u64).unwrap();
+        f.write_all_at(&[byte[0] ^ 1], at as u64).unwrap();
+    };
+    flip_on_disk(129 * 32);
     for seq in [7, 129, 300] {
         assert_proven(&server, &trusted, seq).await;
     }
-    append_events(&server, 300, 400).await;
-    checkpoint_covering(&server, 400).await;
-    for seq in [7, 350, 400] {
+    append_events(&server, 300, 560).await;
+    checkpoint_covering(&server, 560).await;
+    for seq in [7, 350, 380, 560] {
         assert_proven(&server, &trusted, seq).await;
     }
+    // An export whose events span a block no proof has read (385..512) changed on disk.
+    flip_on_disk(450 * 32);
+    let resp = post_export(&server, REGULATOR_TOKEN, json!({}))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let bundle: Value = resp.json().await.unwrap();
+    assert!(bundle["events"].as_array().unwrap().len() >= 512);
+    let path = dir.path().join("evidence.json");
+    std::fs::write(&path, serde_json::to_vec(&bundle).unwrap()).unwrap();
+    let public = data.join("keys").join(PUBLIC_KEY_FILE);
+    let out = aether_e2e::run_aether(
+        &[
+            "audit",
+            "verify",
+            path.to_str().unwrap(),
+            "--public-key",
+            public.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+
     let log = std::fs::read_to_string(&server.log_path).unwrap();
     assert!(
         log.contains("Merkle log file rebuilt from the ledger"),
         "no rebuild in the log:\n{log}"
     );
-    assert_eq!(std::fs::read(&file).unwrap()[6 * 32], changed[6 * 32] ^ 1);
+    assert_eq!(
+        log.matches("Merkle log block rewritten from the ledger")
+            .count(),
+        2,
+        "{log}"
+    );
+    let now = std::fs::read(&file).unwrap();
+    assert_eq!(now[6 * 32], changed[6 * 32] ^ 1);
+    assert_eq!(
+        &now[..560 * 32],
+        &bytes_at_the_end(&server).await[..560 * 32]
+    );
+}
+
+/// Every event hash of the ledger, as the service gives them, laid end to end.
+async fn bytes_at_the_end(server: &Server) -> Vec<u8> {
+    aether_e2e::all_events(server)
+        .await
+        .iter()
+        .flat_map(|e| hex_hash::parse(e["hash"].as_str().unwrap()).unwrap())
+        .collect()
 }

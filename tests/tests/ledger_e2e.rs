@@ -5,7 +5,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use aether_e2e::{OPERATOR_TOKEN, REGULATOR_TOKEN, Server, aether_bin, http, run_aether};
+use aether_e2e::{
+    OPERATOR_TOKEN, REGULATOR_TOKEN, Server, aether_bin, all_events, http, run_aether,
+};
 use aether_ledger::testing::TestDatabase;
 use serde_json::{Value, json};
 
@@ -69,28 +71,6 @@ fn load(server_url: String, clients: u64, acked: Acked) -> Vec<tokio::task::Join
             })
         })
         .collect()
-}
-
-async fn all_events(server: &Server) -> Vec<Value> {
-    let client = http();
-    let mut out = Vec::new();
-    let mut from = 1;
-    loop {
-        let page: Value = client
-            .get(server.url(&format!("/v1/events?from_seq={from}&limit=1000")))
-            .bearer_auth(REGULATOR_TOKEN)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        out.extend(page["events"].as_array().unwrap().iter().cloned());
-        match page["next_from_seq"].as_u64() {
-            Some(n) => from = n,
-            None => return out,
-        }
-    }
 }
 
 async fn wait_for_acks(acked: &Acked, at_least: usize) {

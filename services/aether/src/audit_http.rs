@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use aether_ledger::checkpoint::{CHECKPOINT_STREAM, SignedCheckpoint};
-use aether_ledger::{Direction, EventFilter, ExpectedVersion, NewEvent, RecordedEvent};
+use aether_ledger::{Direction, EventFilter, ExpectedVersion, MerkleLog, NewEvent, RecordedEvent};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -227,6 +227,56 @@ fn proof_problem(e: aether_ledger::merkle::ProofError) -> Problem {
     }
 }
 
+/// The events an export holds: those `filter` selects, up to `limit`, none past the anchor
+/// checkpoint's `tree_size`.
+async fn export_events(
+    state: &AppState,
+    filter: &EventFilter,
+    limit: u64,
+    tree_size: u64,
+) -> Result<Vec<RecordedEvent>, Problem> {
+    let mut events = Vec::new();
+    let mut after = 0;
+    while (events.len() as u64) < limit {
+        let want = (limit - events.len() as u64).min(MAX_PAGE) as u32;
+        let page = state.store.query(filter, after, want).await?;
+        let Some(last) = page.last() else { break };
+        after = last.seq;
+        let covered: Vec<RecordedEvent> = page.into_iter().filter(|e| e.seq <= tree_size).collect();
+        let reached_anchor = covered.len() < want as usize || after >= tree_size;
+        events.extend(covered);
+        if reached_anchor {
+            break;
+        }
+    }
+    Ok(events)
+}
+
+/// Blocks of the Merkle log's file a single answer may repair: a proof touches at most
+/// two, a consistency proof's pair of roots a few more.
+const MAX_REPAIRS: usize = 4;
+
+/// Asks the Merkle log for a proof; a block of its file found changed or unreadable is
+/// rewritten from the ledger (`MerkleLog::repair`) and the proof asked again.
+async fn proven<T>(
+    state: &AppState,
+    ask: impl Fn(&MerkleLog) -> Result<T, aether_ledger::merkle::ProofError>,
+) -> Result<T, Problem> {
+    let mut repairs = 0;
+    loop {
+        match ask(&state.merkle) {
+            Ok(answer) => return Ok(answer),
+            Err(e) => {
+                if repairs < MAX_REPAIRS && state.merkle.repair(&state.store, &e).await? {
+                    repairs += 1;
+                    continue;
+                }
+                return Err(proof_problem(e));
+            }
+        }
+    }
+}
+
 /// `GET /v1/audit/events/{seq}`: one event with its inclusion proof against the latest
 /// signed checkpoint.
 #[utoipa::path(get, path = "/v1/audit/events/{seq}", tag = "audit",
@@ -293,10 +343,7 @@ pub(crate) async fn inclusion_against_latest(state: &AppState, seq: u64) -> Resu
     if state.merkle.len() < cp.tree_size {
         state.merkle.catch_up(&state.store).await?;
     }
-    let hashes = state
-        .merkle
-        .inclusion_proof(seq, cp.tree_size)
-        .map_err(proof_problem)?;
+    let hashes = proven(state, |log| log.inclusion_proof(seq, cp.tree_size)).await?;
     Ok(json!({
         "leaf_index": seq - 1,
         "tree_size": cp.tree_size,
@@ -479,11 +526,13 @@ async fn inclusion(
             })?,
     };
     record_access(&state, &auditor, "inclusion_proof", json!(p)).await?;
-    let hashes = state
-        .merkle
-        .inclusion_proof(seq, tree_size)
-        .map_err(proof_problem)?;
-    let root = state.merkle.root_at(tree_size).map_err(proof_problem)?;
+    let (hashes, root) = proven(&state, |log| {
+        Ok((
+            log.inclusion_proof(seq, tree_size)?,
+            log.root_at(tree_size)?,
+        ))
+    })
+    .await?;
     Ok(axum::Json(json!({
         "seq": seq,
         "leaf_index": seq - 1,
@@ -516,15 +565,19 @@ async fn consistency(
     let from = parse_u64(&p, "from", 0)?;
     let to = parse_u64(&p, "to", 0)?;
     record_access(&state, &auditor, "consistency_proof", json!(p)).await?;
-    let hashes = state
-        .merkle
-        .consistency_proof(from, to)
-        .map_err(proof_problem)?;
+    let (hashes, from_root, to_root) = proven(&state, |log| {
+        Ok((
+            log.consistency_proof(from, to)?,
+            log.root_at(from)?,
+            log.root_at(to)?,
+        ))
+    })
+    .await?;
     Ok(axum::Json(json!({
         "from": from,
         "to": to,
-        "from_root": hex::encode(state.merkle.root_at(from).map_err(proof_problem)?),
-        "to_root": hex::encode(state.merkle.root_at(to).map_err(proof_problem)?),
+        "from_root": hex::encode(from_root),
+        "to_root": hex::encode(to_root),
         "hashes": hex_list(&hashes),
     }))
     .into_response())
@@ -599,45 +652,41 @@ async fn export(
         ));
     };
     record_access(&state, &auditor, "export", Value::Object(filters.clone())).await?;
-    let mut events = Vec::new();
-    let mut after = 0;
-    while (events.len() as u64) < limit {
-        let want = (limit - events.len() as u64).min(MAX_PAGE) as u32;
-        let page = state.store.query(&filter, after, want).await?;
-        let Some(last) = page.last() else { break };
-        after = last.seq;
-        let covered: Vec<RecordedEvent> = page
-            .into_iter()
-            .filter(|e| e.seq <= anchor.tree_size)
-            .collect();
-        let reached_anchor = covered.len() < want as usize || after >= anchor.tree_size;
-        events.extend(covered);
-        if reached_anchor {
-            break;
-        }
-    }
-    // The follower may be a moment behind the newest checkpoint.
-    if state.merkle.len() < anchor.tree_size {
-        state.merkle.catch_up(&state.store).await?;
-    }
     let mut filters = filters;
     filters.insert("anchor_tree_size".into(), json!(anchor.tree_size));
-    // Proofs from the shared log, each under a brief read lock, not a copy of it.
-    let bundle = aether_audit::Bundle::build(
-        events,
-        &state.merkle.proofs(),
-        vec![anchor],
-        Value::Object(filters),
-        Utc::now(),
-    )
-    .map_err(|e| {
-        tracing::error!(error = %e, "cannot build an evidence bundle");
-        Problem::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "Export failed",
-            e.to_string(),
-        )
-    })?;
+    let mut repairs = 0;
+    let bundle = loop {
+        let events = export_events(&state, &filter, limit, anchor.tree_size).await?;
+        // The follower may be a moment behind the newest checkpoint.
+        if state.merkle.len() < anchor.tree_size {
+            state.merkle.catch_up(&state.store).await?;
+        }
+        // Proofs from the shared log, each under a brief read lock, not a copy of it.
+        match aether_audit::Bundle::build(
+            events,
+            &state.merkle.proofs(),
+            vec![anchor.clone()],
+            Value::Object(filters.clone()),
+            Utc::now(),
+        ) {
+            Ok(bundle) => break bundle,
+            // A block of the Merkle file found changed: rewritten from the ledger, then the
+            // events are read again (the build took them) and the bundle built again.
+            Err(aether_audit::BundleError::Proof(e))
+                if repairs < MAX_REPAIRS && state.merkle.repair(&state.store, &e).await? =>
+            {
+                repairs += 1;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot build an evidence bundle");
+                return Err(Problem::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "Export failed",
+                    e.to_string(),
+                ));
+            }
+        }
+    };
     let bytes = bundle.to_vec().map_err(|e| {
         Problem::new(
             StatusCode::INTERNAL_SERVER_ERROR,

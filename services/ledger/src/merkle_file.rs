@@ -160,6 +160,40 @@ impl PagedTree {
         }
     }
 
+    /// The first leaf of complete block `block` and the block's size, if it is complete.
+    pub(crate) fn complete_block(&self, block: u64) -> Option<(u64, u64)> {
+        (block < self.full_blocks).then(|| (block << self.block_level, self.block_size()))
+    }
+
+    /// Writes complete block `block`'s event hashes again (from the ledger, after the file
+    /// was found changed), once they are shown to hash to the block's root in memory.
+    pub(crate) fn rewrite_block(
+        &self,
+        block: u64,
+        event_hashes: &[Hash],
+    ) -> Result<(), ProofError> {
+        let failed = |reason: String| ProofError::LeafFile { block, reason };
+        let Some((first, size)) = self.complete_block(block) else {
+            return Err(failed("not a complete block".into()));
+        };
+        if event_hashes.len() as u64 != size {
+            return Err(failed(format!(
+                "{} hashes given for a block of {size}",
+                event_hashes.len()
+            )));
+        }
+        let tree = MerkleTree::from_event_hashes(event_hashes);
+        if tree.root_at(size)? != self.node(self.block_level, block)? {
+            return Err(failed(
+                "the hashes given do not hash to the block's root held in memory".into(),
+            ));
+        }
+        let bytes: Vec<u8> = event_hashes.iter().flatten().copied().collect();
+        self.file
+            .write_all_at(&bytes, first * HASH_LEN)
+            .map_err(|e| failed(e.to_string()))
+    }
+
     /// Complete block `block`, rebuilt from the file (or the cache) and checked against
     /// its root in memory.
     fn block(&self, block: u64) -> Result<Arc<MerkleTree>, ProofError> {

@@ -253,6 +253,53 @@ impl MerkleLog {
         }
     }
 
+    /// Repairs what `error` names, if it is a block of the file that no longer gives its
+    /// root (changed or unreadable under the running log): the block's hashes are read
+    /// from `store`, checked against the root in memory and written again. Returns whether
+    /// it repaired anything, so that the caller can ask for its proof again.
+    pub async fn repair(
+        &self,
+        store: &EventStore,
+        error: &ProofError,
+    ) -> Result<bool, LedgerError> {
+        let ProofError::LeafFile { block, .. } = error else {
+            return Ok(false);
+        };
+        let block = *block;
+        let complete = {
+            let tree = self.tree.read().map_err(|_| poisoned())?;
+            match &*tree {
+                Tree::File(t) => t.complete_block(block),
+                Tree::Memory(_) => None,
+            }
+        };
+        let Some((first, size)) = complete else {
+            return Ok(false);
+        };
+        let count = u32::try_from(size).unwrap_or(u32::MAX);
+        let stored = store.read_hashes_following(first + 1, count).await?;
+        let hashes: Vec<Hash> = stored
+            .iter()
+            .zip(first + 1..)
+            .take_while(|((seq, _), want)| seq == want)
+            .map(|((_, hash), _)| *hash)
+            .collect();
+        let tree = self.tree.read().map_err(|_| poisoned())?;
+        let Tree::File(t) = &*tree else {
+            return Ok(false);
+        };
+        t.rewrite_block(block, &hashes)
+            .map_err(|e| LedgerError::MerkleFile(e.to_string()))?;
+        tracing::warn!(
+            block,
+            first_seq = first + 1,
+            events = size,
+            reason = %error,
+            "Merkle log block rewritten from the ledger"
+        );
+        Ok(true)
+    }
+
     /// Reads every hash committed so far, in pages.
     pub async fn catch_up(&self, store: &EventStore) -> Result<u64, LedgerError> {
         loop {

@@ -1293,6 +1293,30 @@ where
         }
         assert_eq!(std::fs::read(&file).unwrap(), intact, "{case}");
     }
+
+    // Changed under the running log: the proof is refused, naming the block, and the
+    // block is rewritten from the ledger, after which the proof is the right one.
+    let log = MerkleLog::open(&file, &h.store).await.unwrap();
+    let mut bytes = intact.clone();
+    bytes[10 * 32] ^= 1;
+    std::fs::write(&file, bytes).unwrap();
+    let err = log.inclusion_proof(11, 371).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            aether_ledger::merkle::ProofError::LeafFile { block: 0, .. }
+        ),
+        "{err}"
+    );
+    assert!(log.repair(&h.store, &err).await.unwrap());
+    assert_eq!(
+        log.inclusion_proof(11, 371),
+        memory.inclusion_proof(11, 371)
+    );
+    assert_eq!(std::fs::read(&file).unwrap(), intact);
+    // Nothing to repair in an error about the request.
+    let err = log.inclusion_proof(500, 371).unwrap_err();
+    assert!(!log.repair(&h.store, &err).await.unwrap());
     h.finish().await;
 }
 
