@@ -11,6 +11,7 @@ use crate::checkpoint::{CHECKPOINT_STREAM, CheckpointSigner, SignedCheckpoint};
 use crate::error::LedgerError;
 use crate::event::{ExpectedVersion, ledger_now};
 use crate::merkle::Frontier;
+use crate::retrying::{RETRY_EVERY, Retrying};
 use crate::store::{Direction, EventStore};
 
 /// When to sign a new tree head.
@@ -56,11 +57,7 @@ pub async fn run_checkpointer(
         frontier: Frontier::new(),
         last_size: None,
     };
-    let retry = Duration::from_secs(1);
-    let mut failing = false;
-    // 1 while retrying: what an operator alerts on (the log says it once).
-    let failing_gauge = metrics::gauge!("aether_ledger_checkpointer_failing");
-    failing_gauge.set(0.0);
+    let mut retrying = Retrying::new("checkpointer", "aether_ledger_checkpointer_failing");
     loop {
         let step = signing.catch_up(&mut committed).await;
         if *stop.borrow() {
@@ -69,37 +66,20 @@ pub async fn run_checkpointer(
         }
         let step = match step {
             Ok(()) => {
-                if failing {
-                    tracing::info!(
-                        events = signing.frontier.size(),
-                        "checkpointer caught up again"
-                    );
-                    failing = false;
-                    failing_gauge.set(0.0);
-                }
+                retrying.succeeded(signing.frontier.size());
                 tokio::select! {
                     _ = ticker.tick() => signing.sign_uncovered().await,
                     _ = committed.changed() => Ok(()),
                     _ = stop.changed() => Ok(()),
                     // Other processes may write the same database.
-                    _ = tokio::time::sleep(retry) => Ok(()),
+                    _ = tokio::time::sleep(RETRY_EVERY) => Ok(()),
                 }
             }
             Err(e) => Err(e),
         };
         if let Err(e) = step {
-            if !failing {
-                tracing::warn!(
-                    error = %e,
-                    "checkpointer cannot read or sign; retrying every second"
-                );
-            }
-            failing = true;
-            failing_gauge.set(1.0);
-            tokio::select! {
-                _ = tokio::time::sleep(retry) => {}
-                _ = stop.changed() => {}
-            }
+            retrying.failed(&e);
+            Retrying::wait(&mut stop).await;
         }
     }
 }

@@ -17,6 +17,7 @@ mod merkle_file;
 pub mod merkle_log;
 pub mod personal;
 pub mod pg_binary;
+mod retrying;
 pub mod sm3_lanes;
 mod store;
 pub mod subscription;

@@ -9,7 +9,6 @@
 
 use std::path::Path;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use tokio::sync::watch;
 
@@ -18,6 +17,7 @@ use crate::error::LedgerError;
 use crate::hashing::Hash;
 use crate::merkle::{MerkleProofs, MerkleTree, ProofError, StoredNodes};
 use crate::merkle_file::{BLOCK_LEVEL, PagedTree};
+use crate::retrying::{RETRY_EVERY, Retrying};
 use crate::store::{Direction, EventStore};
 
 /// Hashes read per page while loading or following.
@@ -333,46 +333,28 @@ impl MerkleLog {
     /// second until it succeeds: the audit API's proofs depend on this task staying alive.
     pub async fn follow(self, store: EventStore, mut stop: watch::Receiver<bool>) {
         let mut committed = store.committed_seq();
-        let mut failing = false;
-        // 1 while retrying: what an operator alerts on (the log says it once).
-        let failing_gauge = metrics::gauge!("aether_ledger_merkle_follower_failing");
-        failing_gauge.set(0.0);
+        let mut retrying = Retrying::new(
+            "Merkle log follower",
+            "aether_ledger_merkle_follower_failing",
+        );
         loop {
             committed.borrow_and_update();
             match self.catch_up(&store).await {
-                Ok(len) if failing => {
-                    tracing::info!(events = len, "Merkle log follower caught up again");
-                    failing = false;
-                    failing_gauge.set(0.0);
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    if !failing {
-                        tracing::warn!(
-                            error = %e,
-                            "Merkle log follower cannot catch up; retrying every second"
-                        );
-                    }
-                    failing = true;
-                    failing_gauge.set(1.0);
-                }
+                Ok(len) => retrying.succeeded(len),
+                Err(e) => retrying.failed(&e),
             }
             if *stop.borrow() {
                 return;
             }
-            let retry = Duration::from_secs(1);
-            if failing {
-                tokio::select! {
-                    _ = tokio::time::sleep(retry) => {}
-                    _ = stop.changed() => {}
-                }
+            if retrying.is_failing() {
+                Retrying::wait(&mut stop).await;
                 continue;
             }
             tokio::select! {
                 _ = committed.changed() => {}
                 _ = stop.changed() => {}
                 // Other processes may write the same database.
-                _ = tokio::time::sleep(retry) => {}
+                _ = tokio::time::sleep(RETRY_EVERY) => {}
             }
         }
     }
