@@ -204,7 +204,7 @@ impl Bundle {
     /// hashes: [`crate::offline::verify_bundle`] does, on the result.
     pub fn build(
         mut events: Vec<RecordedEvent>,
-        tree: &impl MerkleProofs,
+        tree: &(impl MerkleProofs + ?Sized),
         checkpoints: Vec<SignedCheckpoint>,
         filters: serde_json::Value,
         created_at: DateTime<Utc>,

@@ -158,14 +158,20 @@ async fn sign(
     Ok(frontier.size())
 }
 
-/// Tree size of the newest checkpoint in the ledger (0 if none).
-pub async fn last_checkpoint_size(store: &EventStore) -> Result<u64, LedgerError> {
+/// The newest checkpoint in the ledger, if there is one that parses.
+pub async fn latest_checkpoint(
+    store: &EventStore,
+) -> Result<Option<SignedCheckpoint>, LedgerError> {
     let last = store
         .read_stream(CHECKPOINT_STREAM, u64::MAX, Direction::Backward, 1)
         .await?;
     Ok(last
         .first()
         .and_then(SignedCheckpoint::from_event)
-        .and_then(Result::ok)
-        .map_or(0, |c| c.tree_size))
+        .and_then(Result::ok))
+}
+
+/// Tree size of the newest checkpoint in the ledger (0 if none).
+pub async fn last_checkpoint_size(store: &EventStore) -> Result<u64, LedgerError> {
+    Ok(latest_checkpoint(store).await?.map_or(0, |c| c.tree_size))
 }

@@ -12,13 +12,14 @@ use std::sync::{Arc, RwLock};
 
 use tokio::sync::watch;
 
-use crate::checkpoint::{CHECKPOINT_STREAM, SignedCheckpoint};
+use crate::checkpoint::SignedCheckpoint;
+use crate::checkpointer::latest_checkpoint;
 use crate::error::LedgerError;
 use crate::hashing::Hash;
 use crate::merkle::{MerkleProofs, MerkleTree, ProofError, StoredNodes};
 use crate::merkle_file::{BLOCK_LEVEL, PagedTree};
 use crate::retrying::{RETRY_EVERY, Retrying};
-use crate::store::{Direction, EventStore};
+use crate::store::EventStore;
 
 /// Hashes read per page while loading or following.
 const PAGE: u32 = 10_000;
@@ -105,13 +106,7 @@ impl MerkleLog {
         let log = MerkleLog {
             tree: Arc::new(RwLock::new(Tree::File(tree))),
         };
-        let latest = store
-            .read_stream(CHECKPOINT_STREAM, u64::MAX, Direction::Backward, 1)
-            .await?;
-        let checkpoint = latest
-            .first()
-            .and_then(SignedCheckpoint::from_event)
-            .and_then(Result::ok);
+        let checkpoint = latest_checkpoint(store).await?;
         let signed_size = checkpoint.as_ref().map_or(0, |cp| cp.tree_size);
         if let Some(why) = log.disagreement_with_ledger(store, signed_size).await? {
             tracing::warn!(reason = %why, "Merkle log file rebuilt from the ledger");
