@@ -280,10 +280,16 @@ impl DecisionsSink {
         let mut writer = RecordBatchWriter::for_table(&self.table)?
             .with_commit_properties(properties)
             .with_writer_properties(writer_properties(&UNIQUE_COLUMNS));
-        crate::delta::write_by_date(&mut writer, &rows, |r| r.event.recorded_at, to_record_batch)
-            .await?;
+        let dates = crate::delta::write_by_date(
+            &mut writer,
+            &rows,
+            |r| r.event.recorded_at,
+            to_record_batch,
+        )
+        .await?;
         let version = writer.flush_and_commit(&mut self.table).await?;
         self.last_seq = last.seq;
+        crate::delta::compact_after_append(&mut self.table, &dates, &UNIQUE_COLUMNS).await;
         Ok(Some(i64::try_from(version).unwrap_or(i64::MAX)))
     }
 }

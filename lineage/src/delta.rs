@@ -11,7 +11,8 @@
 //!
 //! The table is partitioned by `date` (`YYYY-MM-DD` of `recorded_at`, UTC) and created with
 //! `delta.checkpointInterval` = [`CHECKPOINT_INTERVAL`]; the writer's post-commit hook writes
-//! a checkpoint whenever `(version + 1)` is a multiple of it.
+//! a checkpoint whenever `(version + 1)` is a multiple of it. After each append the
+//! partition written is compacted ([`crate::compaction`]), in commits of its own.
 //!
 //! One sink per table: the sink reads the application transaction once, on open.
 
@@ -33,7 +34,7 @@ use deltalake::parquet::basic::Compression;
 use deltalake::parquet::file::properties::WriterProperties;
 use deltalake::parquet::schema::types::ColumnPath;
 use deltalake::writer::{DeltaWriter, RecordBatchWriter, WriteMode};
-use deltalake::{DeltaTable, DeltaTableBuilder, DeltaTableError, TableProperty};
+use deltalake::{DeltaTable, DeltaTableBuilder, DeltaTableError};
 use indexmap::IndexMap;
 
 /// Application id of the sink's Delta application transactions.
@@ -45,11 +46,15 @@ pub const META_LAST_SEQ: &str = "aether.last_seq";
 /// Commit metadata key: hash (lowercase hex) of the last event in the commit.
 pub const META_LAST_HASH: &str = "aether.last_hash";
 /// `delta.checkpointInterval` of a table the sink creates.
-pub const CHECKPOINT_INTERVAL: u64 = 10;
+pub const CHECKPOINT_INTERVAL: u64 = 100;
 /// Name of the table the sink creates.
 pub const TABLE_NAME: &str = "events";
 /// The partition column.
 pub const PARTITION_COLUMN: &str = "date";
+
+/// How many commits back from the head `open_or_create` looks for the last append's
+/// metadata (the commits a compaction and its vacuum make after it, with room to spare).
+const LAST_APPEND_LOOK_BACK: i64 = 32;
 
 /// Columns whose values are (nearly) all distinct: no Parquet dictionary for them.
 const UNIQUE_COLUMNS: [&str; 5] = ["event_id", "payload", "metadata", "prev_hash", "hash"];
@@ -105,6 +110,9 @@ pub struct DeltaSink {
     /// Hash of the event at `last_seq` when known (from the last commit's metadata, or
     /// from this sink's own appends); used to check the chain across commits.
     last_hash: Option<String>,
+    /// Whether appends are followed by [`crate::compaction`] (always, but for a benchmark's
+    /// baseline).
+    compact: bool,
 }
 
 impl std::fmt::Debug for DeltaSink {
@@ -134,19 +142,37 @@ impl DeltaSink {
             location,
             last_seq,
             last_hash: None,
+            compact: true,
         };
         if last_seq > 0 {
-            // The last commit is normally ours; if it is, it names the last hash.
-            if let Some(meta) = sink.commit_metadata(sink.version()).await?
-                && meta.get(META_LAST_SEQ).and_then(|v| v.as_u64()) == Some(last_seq)
-            {
-                sink.last_hash = meta
-                    .get(META_LAST_HASH)
-                    .and_then(|v| v.as_str())
-                    .map(str::to_owned);
+            // The newest commit naming a seq range is normally the append that set
+            // `last_seq`, and names its hash; compactions, vacuums and property changes
+            // made after it name no range.
+            let oldest = (sink.version() - LAST_APPEND_LOOK_BACK).max(0);
+            for version in (oldest..=sink.version()).rev() {
+                let Some(meta) = sink.commit_metadata(version).await? else {
+                    continue;
+                };
+                let Some(seq) = meta.get(META_LAST_SEQ).and_then(|v| v.as_u64()) else {
+                    continue;
+                };
+                if seq == last_seq {
+                    sink.last_hash = meta
+                        .get(META_LAST_HASH)
+                        .and_then(|v| v.as_str())
+                        .map(str::to_owned);
+                }
+                break;
             }
         }
         Ok(sink)
+    }
+
+    /// This sink without compaction: the table's files then grow by one per commit. Only
+    /// for measuring what compaction saves (`aether bench lineage --commits`).
+    pub fn without_compaction(mut self) -> Self {
+        self.compact = false;
+        self
     }
 
     /// Seq of the last event committed to the table (0 when none).
@@ -246,11 +272,14 @@ impl DeltaSink {
         let mut writer = RecordBatchWriter::for_table(&self.table)?
             .with_commit_properties(properties)
             .with_writer_properties(writer_properties(&UNIQUE_COLUMNS));
-        write_by_date(&mut writer, &new, |e| e.recorded_at, to_record_batch).await?;
+        let dates = write_by_date(&mut writer, &new, |e| e.recorded_at, to_record_batch).await?;
         let version = writer.flush_and_commit(&mut self.table).await?;
 
         self.last_seq = last.seq;
         self.last_hash = Some(last_hash);
+        if self.compact {
+            compact_after_append(&mut self.table, &dates, &UNIQUE_COLUMNS).await;
+        }
         Ok(Some(i64::try_from(version).unwrap_or(i64::MAX)))
     }
 }
@@ -260,13 +289,14 @@ impl DeltaSink {
 /// `batch_of`. Why not `DeltaWriter::write` with the whole page: it groups rows by
 /// partition by copying every column (`take`), about 2 % of the gateway's CPU under
 /// clearing load, for a page that nearly always falls on one date. A page that spans
-/// midnight is written as two runs.
+/// midnight is written as two runs. Returns the partitions written.
 pub(crate) async fn write_by_date<T>(
     writer: &mut RecordBatchWriter,
     rows: &[T],
     recorded_at: impl Fn(&T) -> chrono::DateTime<chrono::Utc>,
     batch_of: impl Fn(&RecordBatchWriter, &[T]) -> Result<RecordBatch, DeltaError>,
-) -> Result<(), DeltaError> {
+) -> Result<Vec<String>, DeltaError> {
+    let mut dates = Vec::new();
     let mut rest = rows;
     while let Some(first) = rest.first() {
         let date = recorded_at(first).date_naive();
@@ -276,16 +306,35 @@ pub(crate) async fn write_by_date<T>(
             .unwrap_or(rest.len());
         let (these, after) = rest.split_at(run);
         let batch = batch_of(writer, these)?;
-        let partition = IndexMap::from([(
-            PARTITION_COLUMN.to_owned(),
-            Scalar::String(date.format("%Y-%m-%d").to_string()),
-        )]);
+        let date = date.format("%Y-%m-%d").to_string();
+        let partition =
+            IndexMap::from([(PARTITION_COLUMN.to_owned(), Scalar::String(date.clone()))]);
         writer
             .write_partition(batch, &partition, WriteMode::Default)
             .await?;
+        dates.push(date);
         rest = after;
     }
-    Ok(())
+    Ok(dates)
+}
+
+/// Compacts the partitions an append just wrote. A failure is logged, not returned: the
+/// append is committed, and the next append compacts again.
+pub(crate) async fn compact_after_append(
+    table: &mut DeltaTable,
+    dates: &[String],
+    unique_columns: &[&str],
+) {
+    for date in dates {
+        if let Err(e) = crate::compaction::compact(table, date, unique_columns).await {
+            tracing::warn!(
+                table = %table.table_url(),
+                partition = %date,
+                error = %e,
+                "compacting the Delta table's small files failed; the next append tries again"
+            );
+        }
+    }
 }
 
 /// The writer's schema without [`PARTITION_COLUMN`]: what a data file holds. Batches for
@@ -371,9 +420,10 @@ pub(crate) async fn open_table(
             .with_table_name(name)
             .with_comment(comment)
             .with_partition_columns([PARTITION_COLUMN])
-            .with_configuration_property(
-                TableProperty::CheckpointInterval,
-                Some(CHECKPOINT_INTERVAL.to_string()),
+            .with_configuration(
+                crate::compaction::table_properties()
+                    .into_iter()
+                    .map(|(key, value)| (key, Some(value))),
             );
         for (column, ty) in columns {
             create = create.with_column(*column, DataType::Primitive(ty.clone()), false, None);
@@ -381,6 +431,7 @@ pub(crate) async fn open_table(
         table = create.await?;
     }
     check_schema(&table, &location, columns)?;
+    crate::compaction::set_missing_properties(&mut table).await?;
     Ok((table, location))
 }
 

@@ -16,7 +16,9 @@
 //! - [`delta`]: the `events` Delta table (exactly once by seq through Delta application
 //!   transactions); [`delta_relay`] follows the ledger into it, many events per commit, and
 //!   links each commit's seq range in `delta_commits`; [`decisions`] flattens each
-//!   `ClearingDecided` event into the `clearing_decisions` table in the same pass.
+//!   `ClearingDecided` event into the `clearing_decisions` table in the same pass;
+//!   [`compaction`] merges each table's small files after an append, so that the file list
+//!   and the checkpoints stay small however long the service runs.
 //! - [`http_transport`]: POSTs the stored records to an OpenLineage backend at
 //!   `OPENLINEAGE_URL` from its own cursor, at-least-once and in seq order; a slow or absent
 //!   endpoint delays only it, and an event the endpoint rejects is recorded, never dropped.
@@ -55,6 +57,7 @@ macro_rules! either_pool {
     };
 }
 
+pub mod compaction;
 pub mod decisions;
 pub mod delta;
 pub mod delta_relay;

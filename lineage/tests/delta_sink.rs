@@ -8,7 +8,8 @@ use std::path::Path;
 
 use aether_ledger::RecordedEvent;
 use aether_ledger::hashing::{GENESIS_PREV_HASH, HashedFields, event_hash};
-use aether_lineage::delta::{DeltaError, DeltaSink};
+use aether_lineage::compaction::FAN_IN;
+use aether_lineage::delta::{CHECKPOINT_INTERVAL, DeltaError, DeltaSink};
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use deltalake::arrow::array::{Array, Int64Array, StringArray, TimestampMicrosecondArray};
 use deltalake::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
@@ -20,11 +21,16 @@ use support::TempData;
 
 /// `n` chained events from seq 1, five hours apart (so they span several dates).
 fn chain(n: u64) -> Vec<RecordedEvent> {
+    chain_every(n, Duration::hours(5))
+}
+
+/// `n` chained events from seq 1, `step` apart from 2026-03-01 20:00 UTC.
+fn chain_every(n: u64, step: Duration) -> Vec<RecordedEvent> {
     let start: DateTime<Utc> = Utc.with_ymd_and_hms(2026, 3, 1, 20, 0, 0).unwrap();
     let mut prev = GENESIS_PREV_HASH;
     (1..=n)
         .map(|seq| {
-            let event = make(seq, prev, start + Duration::hours(5 * seq as i64));
+            let event = make(seq, prev, start + step * seq as i32);
             prev = event.hash;
             event
         })
@@ -277,14 +283,25 @@ async fn commits_carry_seq_range_last_hash_and_an_application_transaction() {
         .find_map(|a| a.get("metaData"))
         .map(|m| &m["configuration"])
         .unwrap();
-    assert_eq!(config["delta.checkpointInterval"], "10");
+    assert_eq!(
+        config["delta.checkpointInterval"],
+        CHECKPOINT_INTERVAL.to_string()
+    );
+    assert_eq!(
+        config["delta.deletedFileRetentionDuration"],
+        "interval 1 hours"
+    );
+    assert_eq!(config["delta.logRetentionDuration"], "interval 1 days");
 }
 
 #[tokio::test]
 async fn checkpoints_are_written_and_state_is_recovered_from_them() {
     let data = TempData::new("checkpoint");
     let location = data.events_table();
-    let events = chain(12);
+    let interval = CHECKPOINT_INTERVAL as i64;
+    // Five hours apart: no partition gets enough files to be compacted, so every commit
+    // is an append.
+    let events = chain(CHECKPOINT_INTERVAL + 2);
     let mut sink = DeltaSink::open_or_create(&location).await.unwrap();
     for (i, e) in events.iter().enumerate() {
         assert_eq!(
@@ -293,18 +310,23 @@ async fn checkpoints_are_written_and_state_is_recovered_from_them() {
         );
     }
     let log = location.join("_delta_log");
+    let checkpoint = interval - 1;
     assert!(
-        log.join(format!("{:020}.checkpoint.parquet", 9)).exists(),
-        "no checkpoint at version 9"
+        log.join(format!("{checkpoint:020}.checkpoint.parquet"))
+            .exists(),
+        "no checkpoint at version {checkpoint}"
     );
     assert!(log.join("_last_checkpoint").exists());
-    // Commits 0..=9 could now be cleaned up; state must come from the checkpoint plus
-    // the later commits. Hide the commits the checkpoint covers to prove it.
-    for v in 0..=9 {
+    // The commits the checkpoint covers could now be cleaned up; state must come from the
+    // checkpoint plus the later commits. Hide them to prove it.
+    for v in 0..=checkpoint {
         std::fs::remove_file(log.join(format!("{v:020}.json"))).unwrap();
     }
     let mut sink = DeltaSink::open_or_create(&location).await.unwrap();
-    assert_eq!((sink.version(), sink.last_seq()), (12, 12));
+    assert_eq!(
+        (sink.version(), sink.last_seq()),
+        (interval + 2, events.len() as u64)
+    );
     assert_eq!(sink.append(&events).await.unwrap(), None);
     assert_eq!(read_rows(&sink).len(), events.len());
 }
@@ -349,4 +371,115 @@ async fn data_files_are_snappy_and_keep_dictionaries_for_repeated_values_only() 
             }
         }
     }
+}
+
+/// The data files under the table's directory, live or not.
+fn parquet_files_on_disk(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .map(|path| {
+            if path.is_dir() {
+                parquet_files_on_disk(&path)
+            } else {
+                usize::from(
+                    path.extension().is_some_and(|e| e == "parquet")
+                        && !path.to_string_lossy().contains("_delta_log"),
+                )
+            }
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn many_small_appends_are_merged_with_every_row_kept_once() {
+    let data = TempData::new("compaction");
+    let location = data.events_table();
+    // A minute apart: all on one date, one file per append.
+    let events = chain_every(100, Duration::minutes(1));
+    let mut sink = DeltaSink::open_or_create(&location).await.unwrap();
+    let mut most_files = 0;
+    for e in &events {
+        sink.append(std::slice::from_ref(e)).await.unwrap();
+        most_files = most_files.max(sink.table().get_file_uris().unwrap().count());
+    }
+    // Without compaction the table would hold 100 files; it never holds FAN_IN.
+    assert!(most_files < FAN_IN, "{most_files} live files");
+
+    // Every row exactly once, in a chain, in the one partition.
+    let rows = read_rows(&sink);
+    let mut seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
+    seqs.sort_unstable();
+    assert_eq!(seqs, (1..=100).collect::<Vec<i64>>());
+    let by_seq: BTreeMap<i64, &Row> = rows.iter().map(|r| (r.seq, r)).collect();
+    for (seq, row) in &by_seq {
+        assert_eq!(row.hash, hex(&events[*seq as usize - 1].hash));
+        if let Some(prev) = by_seq.get(&(seq - 1)) {
+            assert_eq!(row.prev_hash, prev.hash);
+        }
+        assert_eq!(row.partition_date, "2026-03-01");
+    }
+
+    // The merges are commits of their own that change no data.
+    let merges: Vec<Vec<serde_json::Value>> = (0..=sink.version())
+        .map(|v| log_actions(&location, v))
+        .filter(|actions| {
+            actions
+                .iter()
+                .any(|a| a["commitInfo"]["operation"] == "OPTIMIZE")
+        })
+        .collect();
+    assert!(!merges.is_empty(), "no compaction commit");
+    for actions in &merges {
+        let changes: Vec<&serde_json::Value> = actions
+            .iter()
+            .filter_map(|a| a.get("add").or_else(|| a.get("remove")))
+            .collect();
+        assert_eq!(changes.len(), FAN_IN + 1, "{actions:?}");
+        assert!(
+            changes.iter().all(|c| c["dataChange"] == false),
+            "{actions:?}"
+        );
+    }
+
+    // After a reopen the sink still knows the last hash, though the newest commits are
+    // compactions and vacuums: a broken chain is refused, the right event taken.
+    let mut sink = DeltaSink::open_or_create(&location).await.unwrap();
+    assert_eq!(sink.last_seq(), 100);
+    let next = make(101, events[99].hash, events[99].recorded_at);
+    let broken = make(101, events[98].hash, events[99].recorded_at);
+    assert!(matches!(
+        sink.append(&[broken]).await,
+        Err(DeltaError::ChainBroken { seq: 101, .. })
+    ));
+    assert!(sink.append(&[next]).await.unwrap().is_some());
+    assert_eq!(read_rows(&sink).len(), 101);
+}
+
+#[tokio::test]
+async fn merged_away_files_are_deleted_once_the_tables_retention_has_passed() {
+    let data = TempData::new("vacuum");
+    let location = data.events_table();
+    let sink = DeltaSink::open_or_create(&location).await.unwrap();
+    // An operator's setting is kept: retain merged-away files for no time at all.
+    sink.table()
+        .clone()
+        .set_tbl_properties()
+        .with_properties(std::collections::HashMap::from([(
+            "delta.deletedFileRetentionDuration".to_owned(),
+            "interval 0 seconds".to_owned(),
+        )]))
+        .await
+        .unwrap();
+    let mut sink = DeltaSink::open_or_create(&location).await.unwrap();
+    let events = chain_every(FAN_IN as u64, Duration::minutes(1));
+    for e in &events[..FAN_IN - 1] {
+        sink.append(std::slice::from_ref(e)).await.unwrap();
+    }
+    assert_eq!(parquet_files_on_disk(&location), FAN_IN - 1);
+    // The FAN_IN-th file is merged with the others, and they are deleted from disk.
+    sink.append(&events[FAN_IN - 1..]).await.unwrap();
+    assert_eq!(sink.table().get_file_uris().unwrap().count(), 1);
+    assert_eq!(parquet_files_on_disk(&location), 1);
+    assert_eq!(read_rows(&sink).len(), FAN_IN);
 }

@@ -4,8 +4,9 @@
 
 use std::time::{Duration, Instant};
 
+use aether_ledger::hashing::GENESIS_PREV_HASH;
 use aether_ledger::{
-    AppendToStream, EventStore, ExpectedVersion, NewEvent, StoreConfig, redact_url,
+    AppendToStream, EventStore, ExpectedVersion, NewEvent, RecordedEvent, StoreConfig, redact_url,
 };
 use aether_lineage::MappingContext;
 use aether_lineage::delta::DeltaSink;
@@ -33,6 +34,14 @@ pub struct LineageBench {
     /// Approximate canonical payload size per event, bytes.
     #[arg(long, default_value_t = 500)]
     payload_bytes: usize,
+    /// Commits for the Delta growth run (0 skips it): the `events` table over that many
+    /// appends, as the relay makes them (one a second while events arrive), with
+    /// compaction and without it (checkpoints every 10 commits: the release before).
+    #[arg(long, default_value_t = 0)]
+    commits: u64,
+    /// Events per commit in the growth run.
+    #[arg(long, default_value_t = 8)]
+    events_per_commit: u64,
 }
 
 /// Both relays of `aether serve` on `store`, writing under `dir`.
@@ -134,7 +143,7 @@ pub async fn run(b: LineageBench) -> anyhow::Result<()> {
         b.events as f64 / secs
     );
 
-    // Opening the `events` table at that size (checkpoints every 10 versions).
+    // Opening the `events` table at that size.
     let mut opens = Vec::new();
     for _ in 0..5 {
         let begun = Instant::now();
@@ -159,7 +168,118 @@ pub async fn run(b: LineageBench) -> anyhow::Result<()> {
     if b.rate > 0 {
         lag(&b).await?;
     }
+    if b.commits > 0 {
+        growth(&b).await?;
+    }
     Ok(())
+}
+
+/// The `events` table over `b.commits` appends of `b.events_per_commit` events, all on one
+/// date: per stretch of commits the time an append takes (compaction included), the live
+/// data files, the data files on disk and the log's bytes; without compaction first.
+async fn growth(b: &LineageBench) -> anyhow::Result<()> {
+    println!(
+        "\nDelta growth: {} commits of {} events (~{} B payloads), one partition\n",
+        b.commits, b.events_per_commit, b.payload_bytes
+    );
+    println!("| sink | commits | ms per append | live files | files on disk | log MB |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for compacting in [false, true] {
+        let dir = tempfile::tempdir()?;
+        let location = dir.path().join("events");
+        let mut sink = DeltaSink::open_or_create(&location).await?;
+        let name = if compacting {
+            "compacting"
+        } else {
+            // The release before: no compaction, a checkpoint every 10 commits.
+            sink.table()
+                .clone()
+                .set_tbl_properties()
+                .with_properties(std::collections::HashMap::from([(
+                    "delta.checkpointInterval".to_owned(),
+                    "10".to_owned(),
+                )]))
+                .await?;
+            sink = DeltaSink::open_or_create(&location)
+                .await?
+                .without_compaction();
+            "no compaction, checkpoint every 10"
+        };
+        let report_every = (b.commits / 6).max(1);
+        let mut prev = GENESIS_PREV_HASH;
+        let mut window = Duration::ZERO;
+        for k in 0..b.commits {
+            let events: Vec<RecordedEvent> = (1..=b.events_per_commit)
+                .map(|i| {
+                    let seq = k * b.events_per_commit + i;
+                    let event = synthetic(seq, prev, b.payload_bytes);
+                    prev = event.hash;
+                    event
+                })
+                .collect();
+            let begun = Instant::now();
+            sink.append(&events).await?;
+            window += begun.elapsed();
+            if (k + 1) % report_every == 0 || k + 1 == b.commits {
+                let n = (k % report_every) + 1;
+                let live = sink.table().get_file_uris()?.count();
+                let (files, _) = disk_usage(&location, false);
+                let (_, log_bytes) = disk_usage(&location.join("_delta_log"), true);
+                println!(
+                    "| {name} | {} | {:.1} | {live} | {files} | {:.1} |",
+                    k + 1,
+                    ms(window) / n as f64,
+                    log_bytes as f64 / 1e6
+                );
+                window = Duration::ZERO;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A chained event that is never hashed for real: the sink checks links, not hashes.
+fn synthetic(seq: u64, prev_hash: aether_ledger::Hash, payload_bytes: usize) -> RecordedEvent {
+    let mut hash = [0u8; 32];
+    hash[..8].copy_from_slice(&seq.to_be_bytes());
+    let raw = |v: String| serde_json::value::RawValue::from_string(v);
+    RecordedEvent {
+        seq,
+        stream_id: format!("clearing/member-{:04}", seq % 64),
+        stream_version: seq / 64 + 1,
+        event_id: uuid::Uuid::now_v7(),
+        event_type: "ClearingDecided".into(),
+        schema_version: 1,
+        payload: raw(payload(payload_bytes, seq).to_string()).expect("a JSON value's text"),
+        metadata: raw("{}".to_owned()).expect("JSON"),
+        recorded_at: chrono::Utc::now(),
+        prev_hash,
+        hash,
+    }
+}
+
+/// Parquet data files (outside the log) and all bytes under `dir`; `log` counts the
+/// bytes of every file there instead.
+fn disk_usage(dir: &std::path::Path, log: bool) -> (usize, u64) {
+    let mut files = 0;
+    let mut bytes = 0;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return (0, 0);
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            if log || path.file_name().is_some_and(|n| n != "_delta_log") {
+                let (f, b) = disk_usage(&path, log);
+                files += f;
+                bytes += b;
+            }
+        } else if log || path.extension().is_some_and(|e| e == "parquet") {
+            files += 1;
+            bytes += entry.metadata().map_or(0, |m| m.len());
+        }
+    }
+    (files, bytes)
 }
 
 /// Open loop at `rate` events/s for `secs`: the lag from each event's commit to its
