@@ -8,9 +8,11 @@
 //! whenever [`FAN_IN`] live files of one size class (powers of [`FAN_IN`] above
 //! [`BASE_BYTES`]) are in one partition, they become one file, in one commit that removes
 //! them and adds it, both with `dataChange = false` (readers of changes see nothing new).
-//! A partition therefore holds at most `FAN_IN - 1` files per class; files of
-//! [`MAX_MERGED_BYTES`] or more are left as they are. Each row is rewritten once per class
-//! it climbs (a handful of times), never once per commit.
+//! A partition therefore holds at most `FAN_IN - 1` files per class. Each row is rewritten
+//! once per class it climbs (a handful of times), never once per commit. A merge reads at
+//! most [`MAX_MERGE_BYTES`]: it runs in the relay's task, and the OpenLineage records wait
+//! for the relay's next commit (under clearing load `FAN_IN` commits of the `events` table
+//! are ~36 MB; their merge result is not merged again).
 //!
 //! The merged-away files stay on disk for the table's `delta.deletedFileRetentionDuration`
 //! (a reader of an older version may still be reading them) and are then deleted by a
@@ -31,11 +33,11 @@ use indexmap::IndexMap;
 use crate::delta::{CHECKPOINT_INTERVAL, DeltaError, PARTITION_COLUMN, writer_properties};
 
 /// Files of one size class merged at once.
-pub const FAN_IN: usize = 16;
+pub const FAN_IN: usize = 8;
 /// Files below this size are all of the smallest class.
 pub const BASE_BYTES: i64 = 64 * 1024;
-/// Files this large are never merged again.
-pub const MAX_MERGED_BYTES: i64 = 256 * 1024 * 1024;
+/// The most bytes one merge reads: files that would need more stay as they are.
+pub const MAX_MERGE_BYTES: i64 = 64 * 1024 * 1024;
 
 /// The table properties a relay's table is created with (and given on open when unset):
 /// checkpoints every [`CHECKPOINT_INTERVAL`] commits (a checkpoint holds the whole file
@@ -69,6 +71,7 @@ fn size_class(bytes: i64) -> u32 {
 /// A live data file of the partition being compacted.
 struct DataFile {
     path: deltalake::Path,
+    size: i64,
     modified: i64,
     remove: Remove,
 }
@@ -92,7 +95,8 @@ pub(crate) async fn compact(
     Ok(merged)
 }
 
-/// The oldest [`FAN_IN`] files of the smallest class that has that many, oldest first.
+/// The oldest [`FAN_IN`] files of the smallest class that has that many within
+/// [`MAX_MERGE_BYTES`], oldest first.
 fn files_to_merge(table: &DeltaTable, date: &str) -> Result<Option<Vec<DataFile>>, DeltaError> {
     let mut classes: BTreeMap<u32, Vec<DataFile>> = BTreeMap::new();
     for file in table.snapshot()?.log_data().iter() {
@@ -100,7 +104,7 @@ fn files_to_merge(table: &DeltaTable, date: &str) -> Result<Option<Vec<DataFile>
             .partition_values_map()
             .get(PARTITION_COLUMN)
             .is_some_and(|v| v.as_deref() == Some(date));
-        if !in_partition || file.size() >= MAX_MERGED_BYTES {
+        if !in_partition || file.size() > MAX_MERGE_BYTES {
             continue;
         }
         classes
@@ -108,18 +112,17 @@ fn files_to_merge(table: &DeltaTable, date: &str) -> Result<Option<Vec<DataFile>
             .or_default()
             .push(DataFile {
                 path: file.object_store_path(),
+                size: file.size(),
                 modified: file.modification_time(),
                 remove: file.remove_action(false),
             });
     }
-    Ok(classes
-        .into_values()
-        .find(|files| files.len() >= FAN_IN)
-        .map(|mut files| {
-            files.sort_by(|a, b| (a.modified, &a.path).cmp(&(b.modified, &b.path)));
-            files.truncate(FAN_IN);
-            files
-        }))
+    Ok(classes.into_values().find_map(|mut files| {
+        files.sort_by(|a, b| (a.modified, &a.path).cmp(&(b.modified, &b.path)));
+        files.truncate(FAN_IN);
+        let bytes: i64 = files.iter().map(|f| f.size).sum();
+        (files.len() == FAN_IN && bytes <= MAX_MERGE_BYTES).then_some(files)
+    }))
 }
 
 /// Rewrites `files` as one and commits the swap.
@@ -163,7 +166,7 @@ async fn merge(
     actions.extend(files.into_iter().map(|f| Action::Remove(f.remove)));
     let operation = DeltaOperation::Optimize {
         predicate: Some(format!("{PARTITION_COLUMN} = '{date}'")),
-        target_size: MAX_MERGED_BYTES,
+        target_size: MAX_MERGE_BYTES,
     };
     let committed = CommitBuilder::default()
         .with_actions(actions)

@@ -483,3 +483,46 @@ async fn merged_away_files_are_deleted_once_the_tables_retention_has_passed() {
     assert_eq!(parquet_files_on_disk(&location), 1);
     assert_eq!(read_rows(&sink).len(), FAN_IN);
 }
+
+#[tokio::test]
+async fn a_table_from_before_compaction_gets_the_retentions_and_keeps_its_checkpoints() {
+    let data = TempData::new("upgrade");
+    let location = data.events_table();
+    DeltaSink::open_or_create(&location).await.unwrap();
+    // What an earlier release created: a checkpoint every 10 commits, no retentions.
+    let creation = location.join("_delta_log").join(format!("{:020}.json", 0));
+    let text = std::fs::read_to_string(&creation).unwrap();
+    let lines: Vec<String> = text
+        .lines()
+        .map(|line| {
+            let mut action: serde_json::Value = serde_json::from_str(line).unwrap();
+            if let Some(metadata) = action.get_mut("metaData") {
+                metadata["configuration"] = serde_json::json!({"delta.checkpointInterval": "10"});
+            }
+            action.to_string()
+        })
+        .collect();
+    std::fs::write(&creation, lines.join("\n")).unwrap();
+
+    let sink = DeltaSink::open_or_create(&location).await.unwrap();
+    let configuration = sink
+        .table()
+        .snapshot()
+        .unwrap()
+        .metadata()
+        .configuration()
+        .clone();
+    assert_eq!(configuration["delta.checkpointInterval"], "10");
+    assert_eq!(
+        configuration["delta.deletedFileRetentionDuration"],
+        "interval 1 hours"
+    );
+    assert_eq!(
+        configuration["delta.logRetentionDuration"],
+        "interval 1 days"
+    );
+    // Set once: a second open commits nothing.
+    let version = sink.version();
+    let sink = DeltaSink::open_or_create(&location).await.unwrap();
+    assert_eq!(sink.version(), version);
+}
