@@ -16,9 +16,11 @@
 //!
 //! The merged-away files stay on disk for the table's `delta.deletedFileRetentionDuration`
 //! (a reader of an older version may still be reading them) and are then deleted by a
-//! vacuum that follows the compaction ([`table_properties`] sets the retentions).
+//! vacuum that follows a merge, at most every ten minutes ([`table_properties`] sets the
+//! retentions).
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
 
 use delta_kernel::expressions::Scalar;
 use deltalake::DeltaTable;
@@ -76,23 +78,63 @@ struct DataFile {
     remove: Remove,
 }
 
-/// Merges the files of `date`'s partition while some size class holds [`FAN_IN`] of them,
-/// then vacuums what the table's retention lets go. Returns how many files were merged
-/// away. `unique_columns` are the table's columns written without a dictionary.
-pub(crate) async fn compact(
-    table: &mut DeltaTable,
-    date: &str,
-    unique_columns: &[&str],
-) -> Result<usize, DeltaError> {
-    let mut merged = 0;
-    while let Some(files) = files_to_merge(table, date)? {
-        merged += files.len();
-        merge(table, date, files, unique_columns).await?;
+/// A vacuum reads every removed file the table still lists and every file in its
+/// directory: after a merge, at most this often (the retention is an hour).
+const VACUUM_EVERY: Duration = Duration::from_secs(600);
+
+/// What a sink runs after each append; one per table.
+#[derive(Debug, Default)]
+pub(crate) struct Compactor {
+    /// When this process last vacuumed the table (`None`: not yet, so the first merge
+    /// vacuums).
+    last_vacuum: Option<Instant>,
+}
+
+impl Compactor {
+    /// Compacts the partitions an append just wrote. A failure is logged, not returned:
+    /// the append is committed, and the next append compacts again.
+    pub(crate) async fn after_append(
+        &mut self,
+        table: &mut DeltaTable,
+        dates: &[String],
+        unique_columns: &[&str],
+    ) {
+        for date in dates {
+            if let Err(e) = self.compact(table, date, unique_columns).await {
+                tracing::warn!(
+                    table = %table.table_url(),
+                    partition = %date,
+                    error = %e,
+                    "compacting the Delta table's small files failed; the next append tries again"
+                );
+            }
+        }
     }
-    if merged > 0 {
-        vacuum(table).await?;
+
+    /// Merges the files of `date`'s partition while some size class holds [`FAN_IN`] of
+    /// them, then vacuums what the table's retention lets go (see [`VACUUM_EVERY`]).
+    /// `unique_columns` are the table's columns written without a dictionary.
+    async fn compact(
+        &mut self,
+        table: &mut DeltaTable,
+        date: &str,
+        unique_columns: &[&str],
+    ) -> Result<(), DeltaError> {
+        let mut merged = false;
+        while let Some(files) = files_to_merge(table, date)? {
+            merge(table, date, files, unique_columns).await?;
+            merged = true;
+        }
+        if merged
+            && self
+                .last_vacuum
+                .is_none_or(|at| at.elapsed() >= VACUUM_EVERY)
+        {
+            vacuum(table).await?;
+            self.last_vacuum = Some(Instant::now());
+        }
+        Ok(())
     }
-    Ok(merged)
 }
 
 /// The oldest [`FAN_IN`] files of the smallest class that has that many within

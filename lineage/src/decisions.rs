@@ -19,6 +19,8 @@ use deltalake::arrow::array::{
 use deltalake::arrow::datatypes::{DataType as ArrowDataType, TimeUnit};
 use deltalake::arrow::error::ArrowError;
 use deltalake::kernel::transaction::CommitProperties;
+
+use crate::compaction::Compactor;
 use deltalake::kernel::{PrimitiveType, Transaction};
 use deltalake::writer::{DeltaWriter, RecordBatchWriter};
 use serde_json::value::RawValue;
@@ -77,6 +79,7 @@ const COLUMNS: [(&str, PrimitiveType); 22] = [
 pub struct DecisionsSink {
     table: DeltaTable,
     last_seq: u64,
+    compactor: Compactor,
 }
 
 impl std::fmt::Debug for DecisionsSink {
@@ -221,7 +224,11 @@ impl DecisionsSink {
         )
         .await?;
         let last_seq = transaction_version(&table, &location, DECISIONS_APP_ID).await?;
-        Ok(DecisionsSink { table, last_seq })
+        Ok(DecisionsSink {
+            table,
+            last_seq,
+            compactor: Compactor::default(),
+        })
     }
 
     /// The last ledger seq the table covers.
@@ -289,7 +296,9 @@ impl DecisionsSink {
         .await?;
         let version = writer.flush_and_commit(&mut self.table).await?;
         self.last_seq = last.seq;
-        crate::delta::compact_after_append(&mut self.table, &dates, &UNIQUE_COLUMNS).await;
+        self.compactor
+            .after_append(&mut self.table, &dates, &UNIQUE_COLUMNS)
+            .await;
         Ok(Some(i64::try_from(version).unwrap_or(i64::MAX)))
     }
 }

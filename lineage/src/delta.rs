@@ -37,6 +37,8 @@ use deltalake::writer::{DeltaWriter, RecordBatchWriter, WriteMode};
 use deltalake::{DeltaTable, DeltaTableBuilder, DeltaTableError};
 use indexmap::IndexMap;
 
+use crate::compaction::Compactor;
+
 /// Application id of the sink's Delta application transactions.
 pub const APP_ID: &str = "aether-ledger";
 /// Commit metadata key: seq of the first event in the commit.
@@ -110,9 +112,9 @@ pub struct DeltaSink {
     /// Hash of the event at `last_seq` when known (from the last commit's metadata, or
     /// from this sink's own appends); used to check the chain across commits.
     last_hash: Option<String>,
-    /// Whether appends are followed by [`crate::compaction`] (always, but for a benchmark's
-    /// baseline).
-    compact: bool,
+    /// What follows each append ([`crate::compaction`]); `None` only for a benchmark's
+    /// baseline.
+    compactor: Option<Compactor>,
 }
 
 impl std::fmt::Debug for DeltaSink {
@@ -142,7 +144,7 @@ impl DeltaSink {
             location,
             last_seq,
             last_hash: None,
-            compact: true,
+            compactor: Some(Compactor::default()),
         };
         if last_seq > 0 {
             // The newest commit naming a seq range is normally the append that set
@@ -171,7 +173,7 @@ impl DeltaSink {
     /// This sink without compaction: the table's files then grow by one per commit. Only
     /// for measuring what compaction saves (`aether bench lineage --commits`).
     pub fn without_compaction(mut self) -> Self {
-        self.compact = false;
+        self.compactor = None;
         self
     }
 
@@ -277,8 +279,10 @@ impl DeltaSink {
 
         self.last_seq = last.seq;
         self.last_hash = Some(last_hash);
-        if self.compact {
-            compact_after_append(&mut self.table, &dates, &UNIQUE_COLUMNS).await;
+        if let Some(compactor) = &mut self.compactor {
+            compactor
+                .after_append(&mut self.table, &dates, &UNIQUE_COLUMNS)
+                .await;
         }
         Ok(Some(i64::try_from(version).unwrap_or(i64::MAX)))
     }
@@ -316,25 +320,6 @@ pub(crate) async fn write_by_date<T>(
         rest = after;
     }
     Ok(dates)
-}
-
-/// Compacts the partitions an append just wrote. A failure is logged, not returned: the
-/// append is committed, and the next append compacts again.
-pub(crate) async fn compact_after_append(
-    table: &mut DeltaTable,
-    dates: &[String],
-    unique_columns: &[&str],
-) {
-    for date in dates {
-        if let Err(e) = crate::compaction::compact(table, date, unique_columns).await {
-            tracing::warn!(
-                table = %table.table_url(),
-                partition = %date,
-                error = %e,
-                "compacting the Delta table's small files failed; the next append tries again"
-            );
-        }
-    }
 }
 
 /// The writer's schema without [`PARTITION_COLUMN`]: what a data file holds. Batches for
