@@ -19,12 +19,11 @@ use deltalake::arrow::array::{
 use deltalake::arrow::datatypes::{DataType as ArrowDataType, TimeUnit};
 use deltalake::arrow::error::ArrowError;
 use deltalake::kernel::transaction::CommitProperties;
-
-use crate::compaction::Compactor;
 use deltalake::kernel::{PrimitiveType, Transaction};
 use deltalake::writer::{DeltaWriter, RecordBatchWriter};
 use serde_json::value::RawValue;
 
+use crate::compaction::Compactor;
 use crate::delta::{
     DeltaError, META_FIRST_SEQ, META_LAST_HASH, META_LAST_SEQ, open_table, transaction_version,
     writer_properties,
