@@ -156,14 +156,27 @@ impl WorkerProcess {
     /// Starts `aether worker --id <id>` against `server` (the reference model; each batch
     /// answered after `delay_ms`) and waits until it has connected.
     pub fn start(server: &Server, data: &Path, id: &str, delay_ms: u64) -> WorkerProcess {
+        Self::spawn(server, data, id, &["--delay-ms", &delay_ms.to_string()])
+    }
+
+    /// Starts `aether worker --id <id> --device <device>` against `server` and waits until
+    /// it has connected.
+    pub fn start_on(server: &Server, data: &Path, id: &str, device: &str) -> WorkerProcess {
+        Self::spawn(server, data, id, &["--device", device])
+    }
+
+    /// Its log goes to `<data>.<id>.log`, shown if it does not connect.
+    fn spawn(server: &Server, data: &Path, id: &str, args: &[&str]) -> WorkerProcess {
         use std::io::BufRead;
+        let log_path = data.with_extension(format!("{id}.log"));
+        let log = std::fs::File::create(&log_path).expect("worker log file");
         let mut child = std::process::Command::new(crate::aether_bin())
             .args(["worker", "--connect", &server.grpc_url, "--id", id])
             .arg("--data-dir")
             .arg(data)
-            .args(["--delay-ms", &delay_ms.to_string()])
+            .args(args)
             .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
+            .stderr(log)
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
@@ -178,8 +191,18 @@ impl WorkerProcess {
                 }
             }
         });
-        rx.recv_timeout(Duration::from_secs(30))
-            .expect("the worker did not connect within 30 s");
+        if rx.recv_timeout(Duration::from_secs(30)).is_err() {
+            // It exited (a crash leaves an empty log), or did not connect within 30 s.
+            std::thread::sleep(Duration::from_millis(100));
+            let status = match child.try_wait() {
+                Ok(Some(exit)) => format!("it exited, {exit}"),
+                _ => "not within 30 s".to_owned(),
+            };
+            let _ = child.kill();
+            let _ = child.wait();
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            panic!("the worker did not connect ({status}); its log:\n{log}");
+        }
         WorkerProcess(child)
     }
 
