@@ -240,6 +240,12 @@ impl DecisionsSink {
         &self.table
     }
 
+    /// Waits for the compaction merge in flight, if any, and commits it (see
+    /// [`crate::delta::DeltaSink::finish_compaction`]).
+    pub async fn finish_compaction(&mut self) {
+        self.compactor.finish(&mut self.table).await;
+    }
+
     /// Writes the decisions among `events` (in seq order) not yet in the table as one
     /// commit that covers up to the last of `events`. Returns the table version, or `None`
     /// when there was nothing new to write.

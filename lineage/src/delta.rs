@@ -182,6 +182,14 @@ impl DeltaSink {
         self.last_seq
     }
 
+    /// Waits for the compaction merge in flight, if any, and commits it. Call before
+    /// dropping a sink: a merge left running writes a file no commit names.
+    pub async fn finish_compaction(&mut self) {
+        if let Some(compactor) = &mut self.compactor {
+            compactor.finish(&mut self.table).await;
+        }
+    }
+
     /// The table version the sink is at (0 right after creation).
     pub fn version(&self) -> i64 {
         self.table

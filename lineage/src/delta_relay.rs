@@ -107,10 +107,10 @@ async fn follow(
     let mut subscription = store.subscribe(resume + 1);
     let mut committed = store.committed_seq();
     let max_events = config.max_events.max(1);
-    loop {
+    'relay: loop {
         let mut batch = tokio::select! {
             batch = subscription.next_batch(max_events) => batch?,
-            _ = stop.changed() => return Ok(()),
+            _ = stop.changed() => break 'relay,
         };
         // Gather more until the commit is full or the first event has waited long enough;
         // a stop request commits what was gathered first. The ledger is read when a
@@ -155,7 +155,7 @@ async fn follow(
         }
         let Some(last) = batch.last() else {
             if stopping {
-                return Ok(());
+                break 'relay;
             }
             continue;
         };
@@ -206,9 +206,15 @@ async fn follow(
         metrics::gauge!("aether_lineage_delta_lag_events")
             .set(head.saturating_sub(last.seq) as f64);
         if stopping {
-            return Ok(());
+            break 'relay;
         }
     }
+    // A stop leaves no merge half done: its file committed, not orphaned on disk.
+    sink.finish_compaction().await;
+    if let Some(d) = decisions.as_mut() {
+        d.finish_compaction().await;
+    }
+    Ok(())
 }
 
 /// Runs a Delta write (Arrow batches and Parquet encoding, tens of milliseconds for a

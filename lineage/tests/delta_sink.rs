@@ -3,7 +3,7 @@
 //! exactly the appended rows partitioned by date, commits carry the seq range, last hash and
 //! an application transaction, and checkpoints are written.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use aether_ledger::RecordedEvent;
@@ -373,22 +373,24 @@ async fn data_files_are_snappy_and_keep_dictionaries_for_repeated_values_only() 
     }
 }
 
-/// The data files under the table's directory, live or not.
-fn parquet_files_on_disk(dir: &Path) -> usize {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .map(|path| {
+/// The data files under the table's directory, live or not, relative to it.
+fn parquet_files_on_disk(table_dir: &Path) -> BTreeSet<String> {
+    fn walk(dir: &Path, table_dir: &Path, found: &mut BTreeSet<String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
             if path.is_dir() {
-                parquet_files_on_disk(&path)
-            } else {
-                usize::from(
-                    path.extension().is_some_and(|e| e == "parquet")
-                        && !path.to_string_lossy().contains("_delta_log"),
-                )
+                if !path.ends_with("_delta_log") {
+                    walk(&path, table_dir, found);
+                }
+            } else if path.extension().is_some_and(|e| e == "parquet") {
+                let relative = path.strip_prefix(table_dir).unwrap();
+                found.insert(relative.to_string_lossy().into_owned());
             }
-        })
-        .sum()
+        }
+    }
+    let mut found = BTreeSet::new();
+    walk(table_dir, table_dir, &mut found);
+    found
 }
 
 #[tokio::test]
@@ -398,13 +400,19 @@ async fn many_small_appends_are_merged_with_every_row_kept_once() {
     // A minute apart: all on one date, one file per append.
     let events = chain_every(100, Duration::minutes(1));
     let mut sink = DeltaSink::open_or_create(&location).await.unwrap();
-    let mut most_files = 0;
+    let live = |sink: &DeltaSink| sink.table().get_file_uris().unwrap().count();
+    let (mut most_after_append, mut most_after_merge) = (0, 0);
     for e in &events {
         sink.append(std::slice::from_ref(e)).await.unwrap();
-        most_files = most_files.max(sink.table().get_file_uris().unwrap().count());
+        most_after_append = most_after_append.max(live(&sink));
+        // The merge an append starts is written off the append's path; wait for it here.
+        sink.finish_compaction().await;
+        most_after_merge = most_after_merge.max(live(&sink));
     }
-    // Without compaction the table would hold 100 files; it never holds FAN_IN.
-    assert!(most_files < FAN_IN, "{most_files} live files");
+    // Without compaction the table would hold 100 files; it holds FAN_IN only until the
+    // append that made them FAN_IN has its merge committed.
+    assert_eq!(most_after_append, FAN_IN);
+    assert!(most_after_merge < FAN_IN, "{most_after_merge} live files");
 
     // Every row exactly once, in a chain, in the one partition.
     let rows = read_rows(&sink);
@@ -456,6 +464,63 @@ async fn many_small_appends_are_merged_with_every_row_kept_once() {
     assert_eq!(read_rows(&sink).len(), 101);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_go_on_while_merges_are_written_and_lose_or_double_no_row() {
+    let data = TempData::new("overlap");
+    let location = data.events_table();
+    let events = chain_every(204, Duration::minutes(1));
+    // 204 = FAN_IN + 28 × (FAN_IN - 1): when each merge is done by the next append, the
+    // last append starts one, which finishing must commit.
+    let mut sink = DeltaSink::open_or_create(&location).await.unwrap();
+    // As a relay appends: merges run beside the appends, each committed by a later one.
+    for e in &events {
+        sink.append(std::slice::from_ref(e)).await.unwrap();
+    }
+    sink.finish_compaction().await;
+
+    let rows = read_rows(&sink);
+    let mut seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
+    seqs.sort_unstable();
+    assert_eq!(seqs, (1..=204).collect::<Vec<i64>>());
+    let versions: Vec<Vec<serde_json::Value>> = (0..=sink.version())
+        .map(|v| log_actions(&location, v))
+        .collect();
+    let merges = versions
+        .iter()
+        .filter(|actions| {
+            actions
+                .iter()
+                .any(|a| a["commitInfo"]["operation"] == "OPTIMIZE")
+        })
+        .count();
+    assert!(merges >= 1, "no compaction commit");
+    // Each merge swapped FAN_IN files for one, once.
+    assert_eq!(
+        sink.table().get_file_uris().unwrap().count(),
+        204 - merges * (FAN_IN - 1)
+    );
+    // Every data file on disk was added by a commit: finishing left no merge's file behind
+    // (a merge still running once the sink is gone would land its file in this pause).
+    drop(sink);
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let added: BTreeSet<String> = versions
+        .iter()
+        .flatten()
+        .filter_map(|a| a["add"]["path"].as_str().map(str::to_owned))
+        .collect();
+    let on_disk = parquet_files_on_disk(&location);
+    let orphans: Vec<&String> = on_disk.difference(&added).collect();
+    assert!(
+        orphans.is_empty(),
+        "data files no commit added: {orphans:?}"
+    );
+
+    // A reopened sink takes the next event in the chain.
+    let mut sink = DeltaSink::open_or_create(&location).await.unwrap();
+    let next = make(205, events[203].hash, events[203].recorded_at);
+    assert!(sink.append(&[next]).await.unwrap().is_some());
+}
+
 #[tokio::test]
 async fn merged_away_files_are_deleted_once_the_tables_retention_has_passed() {
     let data = TempData::new("vacuum");
@@ -476,11 +541,12 @@ async fn merged_away_files_are_deleted_once_the_tables_retention_has_passed() {
     for e in &events[..FAN_IN - 1] {
         sink.append(std::slice::from_ref(e)).await.unwrap();
     }
-    assert_eq!(parquet_files_on_disk(&location), FAN_IN - 1);
+    assert_eq!(parquet_files_on_disk(&location).len(), FAN_IN - 1);
     // The FAN_IN-th file is merged with the others, and they are deleted from disk.
     sink.append(&events[FAN_IN - 1..]).await.unwrap();
+    sink.finish_compaction().await;
     assert_eq!(sink.table().get_file_uris().unwrap().count(), 1);
-    assert_eq!(parquet_files_on_disk(&location), 1);
+    assert_eq!(parquet_files_on_disk(&location).len(), 1);
     assert_eq!(read_rows(&sink).len(), FAN_IN);
 }
 

@@ -234,6 +234,7 @@ async fn growth(b: &LineageBench) -> anyhow::Result<()> {
                 window = Duration::ZERO;
             }
         }
+        sink.finish_compaction().await;
     }
     Ok(())
 }
