@@ -488,7 +488,12 @@ fn score_and_net_reports_scores_netting_device_and_digest() {
     assert_eq!(pos("broker-b", "EUR"), Some(-500));
 
     let json = serde_json::to_value(&result).expect("serialises for the worker report");
-    assert_eq!(json["device"], "cpu");
+    assert_eq!(json["device"], clearing.device_name().as_str());
+    // `auto` is the CPU unless this is a CUDA build on a machine with a GPU (there it is
+    // `cuda:0`, as seen on an H200).
+    if !cfg!(feature = "cuda") {
+        assert_eq!(json["device"], "cpu");
+    }
 }
 
 #[test]
