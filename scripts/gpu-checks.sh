@@ -90,7 +90,7 @@ run() {
     done
     local failed=0
     echo "== model tests, CUDA build"
-    timeout 300 ./model || failed=1
+    timeout 300 ./model --nocapture || failed=1
     echo "== scoring bench"
     timeout 120 ./scoring --secs 1.5 || failed=1
     echo "== a CUDA worker against a CPU worker, end to end"

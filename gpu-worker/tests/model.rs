@@ -555,5 +555,9 @@ fn cpu_cuda_parity() {
         .zip(&b)
         .map(|(x, y)| (x.score - y.score).abs())
         .fold(0f32, f32::max);
+    eprintln!(
+        "largest CPU/CUDA score difference over {} trades: {worst:e}",
+        a.len()
+    );
     assert!(worst <= 1e-4, "largest CPU/CUDA score difference {worst}");
 }
