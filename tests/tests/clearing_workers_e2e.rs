@@ -119,3 +119,47 @@ async fn a_flood_past_the_queue_is_refused_records_nothing_and_the_gateway_keeps
     assert_eq!(decisions(&server).await.len(), accepted.len() + 1);
     assert!(server.terminate().success());
 }
+
+#[test]
+fn a_gpu_asked_for_and_missing_is_refused_before_anything_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let serve = |device: &str| {
+        aether_e2e::run_aether(
+            &[
+                "serve",
+                "--data-dir",
+                data.to_str().unwrap(),
+                "--listen",
+                "127.0.0.1:0",
+                "--grpc-listen",
+                "127.0.0.1:0",
+                "--worker-device",
+                device,
+            ],
+            &[],
+        )
+    };
+    // No GPU 63 anywhere (and no CUDA at all in a build without the `cuda` feature): the
+    // service does not fall back to the CPU, it refuses, and creates nothing.
+    let out = serve("cuda:63");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--worker-device cuda:63: CUDA device 63 is unavailable"),
+        "{stderr}"
+    );
+    assert!(
+        !data.exists(),
+        "the refused start created {}",
+        data.display()
+    );
+    // Not a device at all: the flag's parser names the choices.
+    let out = serve("gpu");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("not one of cpu, auto, cuda, cuda:N"),
+        "{stderr}"
+    );
+}

@@ -21,6 +21,8 @@ use aether_gateway::risk_book::RiskSettings;
 use aether_gateway::service::ClearingServer;
 use aether_gateway::tls::{ServerTls, TlsPaths};
 use aether_gateway::workers::{WorkerPool, WorkerServer};
+use aether_gpu_worker::DeviceChoice;
+use aether_gpu_worker::model::device_name;
 use aether_ledger::EventStore;
 use anyhow::Context;
 use clap::Args;
@@ -66,6 +68,10 @@ pub struct ClearingArgs {
     /// Score only on remote workers (`aether worker`), never in this process.
     #[arg(long, env = "AETHER_NO_LOCAL_WORKERS")]
     pub no_local_workers: bool,
+    /// Where this process's workers score: `cpu`, `cuda`, `cuda:N` or `auto` (GPU 0 if one
+    /// answers, else the CPU). A GPU needs a build with `--features cuda`.
+    #[arg(long, env = "AETHER_WORKER_DEVICE", default_value = "cpu")]
+    pub worker_device: DeviceChoice,
     /// Anomaly score at or above which a trade is held for review.
     #[arg(long, env = "AETHER_HOLD_SCORE", default_value_t = 0.8)]
     pub hold_score: f64,
@@ -73,6 +79,21 @@ pub struct ClearingArgs {
     /// high_risk_jurisdictions, limits}`.
     #[arg(long, env = "AETHER_RISK_SETTINGS")]
     pub risk_settings: Option<PathBuf>,
+}
+
+/// Opens the device in-process workers are to score on, before anything starts: a GPU
+/// asked for and missing is a deployment error, refused, never a reason to score on the
+/// CPU instead (`auto` is the way to ask for either).
+pub fn check_worker_device(args: &ClearingArgs) -> anyhow::Result<()> {
+    if args.no_grpc || args.no_local_workers {
+        return Ok(());
+    }
+    let device = args
+        .worker_device
+        .open()
+        .with_context(|| format!("--worker-device {}", args.worker_device))?;
+    tracing::info!(device = %device_name(&device), "in-process workers score on this device");
+    Ok(())
 }
 
 /// Where the envelope key lives by default, and its public half for clients.
@@ -141,6 +162,7 @@ pub async fn start(
         config.batcher.workers = args.workers;
     }
     config.batcher.local_workers = !args.no_local_workers;
+    config.device = args.worker_device;
     let pool = WorkerPool::default();
     let gateway = ClearingGateway::new(store, control, config, pool.clone());
     let server = ClearingServer::new(

@@ -51,6 +51,7 @@ pub struct ServeArgs {
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     crate::init_logging();
+    crate::clearing::check_worker_device(&args.clearing)?;
     std::fs::create_dir_all(&args.ledger.data_dir).with_context(|| {
         format!(
             "cannot create data directory {}",
