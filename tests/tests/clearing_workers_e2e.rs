@@ -124,8 +124,9 @@ async fn a_flood_past_the_queue_is_refused_records_nothing_and_the_gateway_keeps
 fn a_gpu_asked_for_and_missing_is_refused_before_anything_starts() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let serve = |device: &str| {
-        aether_e2e::run_aether(
+    // The exit code and the message of a refused `aether serve --worker-device <device>`.
+    let refused = |device: &str| {
+        let out = aether_e2e::run_aether(
             &[
                 "serve",
                 "--data-dir",
@@ -138,13 +139,14 @@ fn a_gpu_asked_for_and_missing_is_refused_before_anything_starts() {
                 device,
             ],
             &[],
-        )
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.code(), stderr)
     };
     // No GPU 63 anywhere (and no CUDA at all in a build without the `cuda` feature): the
     // service does not fall back to the CPU, it refuses, and creates nothing.
-    let out = serve("cuda:63");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let (code, stderr) = refused("cuda:63");
+    assert_eq!(code, Some(1), "{stderr}");
     assert!(
         stderr.contains("--worker-device cuda:63: CUDA device 63 is unavailable"),
         "{stderr}"
@@ -155,9 +157,8 @@ fn a_gpu_asked_for_and_missing_is_refused_before_anything_starts() {
         data.display()
     );
     // Not a device at all: the flag's parser names the choices.
-    let out = serve("gpu");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let (code, stderr) = refused("gpu");
+    assert_eq!(code, Some(2), "{stderr}");
     assert!(
         stderr.contains("not one of cpu, auto, cuda, cuda:N"),
         "{stderr}"
