@@ -567,3 +567,28 @@ async fn a_decisions_commit_without_a_hash_is_left_unlinked_and_newer_ones_are_l
     assert_eq!(decision_ids(&dir.0), ["req-1", "req-2", "req-3"]);
     store.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_stopping_relay_commits_the_merge_it_started() {
+    let dir = TempData::new("relay-merge");
+    let store = open(&dir.0).await;
+    let events = aether_lineage::compaction::FAN_IN as u64;
+    append(&store, 1, events).await;
+    // One event per commit: the last commit makes FAN_IN files and starts their merge, and
+    // the relay is stopped as soon as it has linked that commit.
+    let one_per_commit = DeltaRelayConfig {
+        max_events: 1,
+        ..config(&dir.0)
+    };
+    relay_with_until_caught_up(&store, one_per_commit).await;
+    let sink = DeltaSink::open_or_create(dir.0.join("delta").join("events"))
+        .await
+        .expect("open");
+    assert_eq!(sink.last_seq(), events);
+    assert_eq!(
+        sink.table().get_file_uris().expect("files").count(),
+        1,
+        "the merge was not committed when the relay stopped"
+    );
+    store.shutdown().await;
+}
