@@ -15,7 +15,7 @@
 # Building needs nvcc (CUDA 12.x or 13.x) on PATH or in CUDA_HOME, and the toolkit's
 # libcuda stub. CUDA_COMPUTE_CAP (default 90: H100/H200) names the target GPU when the build
 # machine has none. Running needs the NVIDIA driver and the toolkit's cuBLAS, cuRAND and
-# runtime libraries; `run` looks for them with ldconfig and under /usr/local, /opt, /usr/lib.
+# runtime libraries; `run` looks for those the loader misses under /usr/local, /opt, /usr/lib.
 set -euo pipefail
 
 die() {
@@ -56,12 +56,13 @@ pack() {
     ls -la "$out"
 }
 
-# find_libs: the directories holding the driver and the CUDA libraries the binaries load.
+# find_libs BINARY: the directories holding the shared libraries BINARY needs and the loader
+# does not find (the driver, cuBLAS, cuRAND, the runtime: whichever CUDA version it was
+# built with).
 find_libs() {
     local dirs="" f p
-    for f in libcuda.so.1 libcublasLt.so.13 libcublas.so.13 libcurand.so.10 libcudart.so.13; do
-        p=$(ldconfig -p | awk -v f="$f" '$1 == f { print $NF; exit }')
-        [ -n "$p" ] || p=$(find /usr/local /opt /usr/lib /usr/lib64 -name "$f" 2>/dev/null | head -1)
+    for f in $(ldd "$1" | awk '/not found/ { print $1 }'); do
+        p=$(find /usr/local /opt /usr/lib /usr/lib64 -name "$f" 2>/dev/null | head -1)
         printf '    %s -> %s\n' "$f" "${p:-MISSING}" >&2
         [ -z "$p" ] || dirs="$dirs:$(dirname "$p")"
     done
@@ -81,13 +82,13 @@ run() {
     [ -d "$built_in/gpu-worker" ] || die "the source tree is not at $built_in (set AETHER_SOURCE)"
     echo "== machine"
     nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
-    local libs
-    libs=$(find_libs)
-    export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     cd "$dir"
     for f in model scoring clearing_cuda_e2e aether; do
         [ -x "$f" ] || { xz -dkf "$f.xz" && chmod +x "$f"; }
     done
+    local libs
+    libs=$(find_libs ./aether)
+    export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     local failed=0
     echo "== model tests, CUDA build"
     timeout 300 ./model --nocapture || failed=1

@@ -115,17 +115,11 @@ impl Compactor {
             .as_ref()
             .is_some_and(|(_, merge)| merge.is_finished())
         {
-            self.commit_in_flight(table).await;
+            self.finish(table).await;
         }
         if self.in_flight.is_none() {
             self.start(table, dates, unique_columns);
         }
-    }
-
-    /// Waits for the merge in flight, if any, and commits it. A sink that stops calls this,
-    /// so that no merged file is left on disk without a commit naming it.
-    pub(crate) async fn finish(&mut self, table: &mut DeltaTable) {
-        self.commit_in_flight(table).await;
     }
 
     /// Starts merging the first of `dates`' partitions that holds [`FAN_IN`] files of one
@@ -157,9 +151,10 @@ impl Compactor {
         }
     }
 
-    /// Waits for the merge in flight and commits it, then vacuums what the table's
-    /// retention lets go (at most every [`VACUUM_EVERY`]).
-    async fn commit_in_flight(&mut self, table: &mut DeltaTable) {
+    /// Waits for the merge in flight, if any, commits it, then vacuums what the table's
+    /// retention lets go (at most every [`VACUUM_EVERY`]). A sink that stops calls this, so
+    /// that no merged file is left on disk without a commit naming it.
+    pub(crate) async fn finish(&mut self, table: &mut DeltaTable) {
         let Some((date, merge)) = self.in_flight.take() else {
             return;
         };
