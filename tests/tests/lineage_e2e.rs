@@ -341,3 +341,76 @@ async fn no_json_lines_file_is_written_unless_one_is_named() {
     }
     assert_eq!(written, Vec::<std::path::PathBuf>::new());
 }
+
+/// The nice value of each thread of process `pid`, with the thread's name (Linux).
+#[cfg(target_os = "linux")]
+fn thread_priorities(pid: u32) -> Vec<(String, i64)> {
+    let mut threads = Vec::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let Ok(stat) = std::fs::read_to_string(entry.unwrap().path().join("stat")) else {
+            continue; // the thread ended meanwhile
+        };
+        // `tid (name) state …`: the name may hold spaces, so split after its last ')';
+        // nice is the 19th field, the 17th after the name.
+        let (head, rest) = stat.rsplit_once(')').unwrap();
+        let name = head.split_once('(').unwrap().1.to_string();
+        let nice = rest.split_whitespace().nth(16).unwrap().parse().unwrap();
+        threads.push((name, nice));
+    }
+    threads
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lineage_runs_below_the_answers_priority_and_still_keeps_up() {
+    let dir = tempfile::tempdir().unwrap();
+    for (setting, lower_by) in [(None, 10), (Some("0"), 0), (Some("4"), 4)] {
+        let data = dir.path().join(format!("data-{lower_by}"));
+        let env: Vec<(&str, &str)> = setting
+            .map(|n| ("AETHER_BACKGROUND_NICE", n))
+            .into_iter()
+            .collect();
+        let server = Server::start(&data, &env);
+        // The relays and the follower work from their lower-priority threads.
+        let seq = append(&server, 1).await;
+        wait_for_record(&server, seq).await;
+        let threads = thread_priorities(server.pid());
+        let main = threads[0].1;
+        let of = |prefix: &str| -> Vec<i64> {
+            threads
+                .iter()
+                .filter(|(name, _)| name.starts_with(prefix))
+                .map(|(_, nice)| *nice)
+                .collect()
+        };
+        let background = of("aether-backgrou");
+        let answers = of("tokio-r");
+        assert!(!background.is_empty(), "no background threads: {threads:?}");
+        assert!(!answers.is_empty(), "no runtime workers: {threads:?}");
+        let expected = (main + lower_by).min(19);
+        assert!(
+            background.iter().all(|n| *n == expected),
+            "background threads at {background:?}, expected {expected} ({setting:?})"
+        );
+        assert!(
+            answers.iter().all(|n| *n == main),
+            "the answers' threads moved: {answers:?}"
+        );
+        assert!(server.terminate().success());
+    }
+    // Out of range: refused with the range, before anything starts.
+    let out = run_aether(
+        &[
+            "serve",
+            "--data-dir",
+            dir.path().join("never").to_str().unwrap(),
+            "--background-nice",
+            "20",
+        ],
+        &[],
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("20 is not in 0..=19"), "{stderr}");
+    assert!(!dir.path().join("never").exists());
+}

@@ -4,6 +4,7 @@ mod audit_decisions;
 mod audit_export;
 mod audit_http;
 mod auth;
+mod background;
 mod bench;
 mod bench_clearing;
 mod bench_lineage;

@@ -43,11 +43,22 @@ pub struct ServeArgs {
     /// per event without bound.
     #[arg(long, env = "AETHER_OPENLINEAGE_FILE")]
     pub openlineage_file: Option<std::path::PathBuf>,
+    /// How much lower in CPU priority the lineage relays and the Merkle log follower run
+    /// than the answers (added to their threads' nice value, as `nice -n`; 0 = the same).
+    /// On a busy machine they yield the cores to the decisions being answered and catch
+    /// up when the load eases.
+    #[arg(long, env = "AETHER_BACKGROUND_NICE", default_value_t = 10,
+          value_parser = clap::value_parser!(i32).range(0..=19))]
+    pub background_nice: i32,
     #[command(flatten)]
     pub clearing: crate::clearing::ClearingArgs,
     #[command(flatten)]
     pub audit: crate::audit_decisions::AuditArgs,
 }
+
+/// Connections of the background runtime's pool: one each for the two relays, the
+/// HTTP transport and the Merkle log follower.
+const BACKGROUND_CONNECTIONS: u32 = 4;
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     crate::init_logging();
@@ -130,33 +141,43 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
     let schema_base = format!("http://{local}");
+    // Lineage and the Merkle log follow the ledger on a lower-priority runtime, over
+    // connections of their own (a connection belongs to the runtime that opened it).
+    let background = crate::background::start(args.background_nice)?;
+    let background_store = store.with_own_pool(BACKGROUND_CONNECTIONS);
     // The relay stops last, after it has caught up with the final checkpoint.
     let (relay_stop_tx, relay_stop_rx) = tokio::sync::watch::channel(false);
-    let relay = tokio::spawn(aether_lineage::relay::run_openlineage_relay(
-        store.clone(),
-        aether_lineage::MappingContext::new(&schema_base),
-        args.openlineage_file.clone(),
-        relay_stop_rx.clone(),
-    ));
+    let relay = background
+        .handle()
+        .spawn(aether_lineage::relay::run_openlineage_relay(
+            background_store.clone(),
+            aether_lineage::MappingContext::new(&schema_base),
+            args.openlineage_file.clone(),
+            relay_stop_rx.clone(),
+        ));
     // An OpenLineage backend at OPENLINEAGE_URL, when set: the stored records, from the
     // transport's own cursor, so a slow or absent endpoint delays only this relay.
     let http_lineage = aether_lineage::http_transport::HttpTransportConfig::from_env()
         .context("invalid OpenLineage HTTP transport configuration")?;
     let http_relay = http_lineage.map(|config| {
-        tokio::spawn(aether_lineage::http_transport::run_http_relay(
-            store.clone(),
-            config,
-            relay_stop_rx.clone(),
-        ))
+        background
+            .handle()
+            .spawn(aether_lineage::http_transport::run_http_relay(
+                background_store.clone(),
+                config,
+                relay_stop_rx.clone(),
+            ))
     });
     // Delta Lake: every event as a row of <data>/delta/events, many events per commit.
-    let delta_relay = tokio::spawn(aether_lineage::delta_relay::run_delta_relay(
-        store.clone(),
-        aether_lineage::delta_relay::DeltaRelayConfig::new(
-            args.ledger.data_dir.join("delta").join("events"),
-        ),
-        relay_stop_rx,
-    ));
+    let delta_relay = background
+        .handle()
+        .spawn(aether_lineage::delta_relay::run_delta_relay(
+            background_store.clone(),
+            aether_lineage::delta_relay::DeltaRelayConfig::new(
+                args.ledger.data_dir.join("delta").join("events"),
+            ),
+            relay_stop_rx,
+        ));
     tracing::info!(
         http = %format!("http://{local}"),
         ledger = %args.ledger.describe(),
@@ -177,7 +198,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         file = %merkle_file.display(),
         "Merkle log loaded"
     );
-    let follower = tokio::spawn(merkle.clone().follow(store.clone(), stop_rx.clone()));
+    let follower = background
+        .handle()
+        .spawn(merkle.clone().follow(background_store, stop_rx.clone()));
     let control = aether_control::ControlState::replay(&store).await?;
     tracing::info!(
         policies = control.policies.policies().len(),

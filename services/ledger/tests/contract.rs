@@ -156,6 +156,7 @@ contract!(
     a_checkpoint_covering_itself_or_later_events_is_refused,
     a_verify_that_stops_early_leaves_the_store_usable,
     verify_checks_roots_inside_blocks_it_keeps_on_disk,
+    a_store_over_its_own_pool_serves_another_runtime,
 );
 
 async fn appended_events_read_back_chained<F, Fut>(open: F)
@@ -2161,4 +2162,106 @@ where
             .unwrap();
     }
     h.finish().await;
+}
+
+/// `with_own_pool`: the same ledger (one writer, one chain, the same followers' tail) for
+/// tasks of another runtime, which can go away without taking connections the first
+/// runtime's tasks use.
+async fn a_store_over_its_own_pool_serves_another_runtime<F, Fut>(open: F)
+where
+    F: Fn(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = Harness>,
+{
+    let h = open(StoreConfig::default()).await;
+    for n in 1..=3 {
+        h.store
+            .append("notes/a", ExpectedVersion::Any, vec![ev("NoteTaken", n)])
+            .await
+            .unwrap();
+    }
+    let own = h.store.with_own_pool(2);
+    let main = h.store.clone();
+    let opened_before = h.store.postgres_pool().map(|p| p.size());
+    let seen = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let seen = runtime.block_on(async move {
+            let mut follower = own.subscribe(1);
+            let mut seen = Vec::new();
+            for _ in 0..3 {
+                seen.push(follower.next().await.unwrap().seq);
+            }
+            // Its appends go through the one writer, onto the one chain.
+            own.append(
+                "notes/b",
+                ExpectedVersion::NoStream,
+                vec![ev("NoteTaken", 4)],
+            )
+            .await
+            .unwrap();
+            // And it follows what the other runtime appends, live.
+            let live = tokio::spawn({
+                let main = main.clone();
+                async move {
+                    main.append("notes/a", ExpectedVersion::Any, vec![ev("NoteTaken", 5)])
+                        .await
+                        .unwrap()
+                }
+            });
+            for _ in 0..2 {
+                seen.push(follower.next().await.unwrap().seq);
+            }
+            live.await.unwrap();
+            assert_eq!(own.read_all(1, 100).await.unwrap().len(), 5);
+            // Every connection its pool can hold (the 2 asked for), opened here.
+            if let Some(pool) = own.postgres_pool() {
+                assert_eq!(pool.options().get_max_connections(), 2);
+                hold_every_connection(pool).await;
+                assert_eq!(pool.size(), 2);
+            }
+            seen
+        });
+        // Gone, with every connection it opened.
+        drop(runtime);
+        seen
+    })
+    .join()
+    .unwrap();
+    assert_eq!(seen, vec![1, 2, 3, 4, 5]);
+    // The first runtime's store still reads and appends.
+    for n in 6..=8 {
+        h.store
+            .append("notes/a", ExpectedVersion::Any, vec![ev("NoteTaken", n)])
+            .await
+            .unwrap();
+    }
+    assert_eq!(h.store.read_all(1, 100).await.unwrap().len(), 8);
+    assert_eq!(head_seq(&h.store).await, 8);
+    // None of them is in the first store's pool, which serves on as before.
+    if let Some(pool) = h.store.postgres_pool() {
+        assert_eq!(Some(pool.size()), opened_before);
+        hold_every_connection(pool).await;
+    }
+    let report = verify_store(&h.store, None, |_| {}).await.unwrap();
+    assert!(report.is_ok(), "{:?}", report.failure);
+    h.finish().await;
+}
+
+/// Acquires as many connections as `pool` may hold, at once, and runs a query on each.
+async fn hold_every_connection(pool: &sqlx::PgPool) {
+    let max = pool.options().get_max_connections();
+    let mut held = Vec::new();
+    for _ in 0..max {
+        held.push(pool.acquire().await.unwrap());
+    }
+    for conn in &mut held {
+        let one: i32 = sqlx::query_scalar("SELECT 1")
+            .fetch_one(&mut **conn)
+            .await
+            .unwrap();
+        assert_eq!(one, 1);
+    }
 }

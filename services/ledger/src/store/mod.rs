@@ -296,6 +296,26 @@ struct Inner {
     writer_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
+/// How the store's PostgreSQL pools acquire connections.
+fn pg_pool_options(config: &StoreConfig, max_connections: u32) -> PgPoolOptions {
+    let ping_idle_after = config.ping_idle_after;
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        // No ping before every acquire: it was a round trip per query (a tenth of the
+        // gateway's CPU under load). Only connections that sat idle are pinged; one that
+        // fails the ping is closed and another taken.
+        .test_before_acquire(false)
+        .before_acquire(move |conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= ping_idle_after {
+                    conn.ping().await?;
+                }
+                Ok(true)
+            })
+        })
+}
+
 /// The ledger's event store. Cheap to clone; all clones share one group-commit writer.
 #[derive(Clone)]
 pub struct EventStore {
@@ -319,22 +339,7 @@ impl EventStore {
             // PostgreSQL's cost guesses on a ledger it has not analysed yet put a batch's
             // lookup over `jit_above_cost`, so each one spent ~10 ms compiling.
             let options = PgConnectOptions::from_str(url)?.options([("jit", "off")]);
-            let ping_idle_after = config.ping_idle_after;
-            let pool = PgPoolOptions::new()
-                .max_connections(config.max_connections)
-                .acquire_timeout(Duration::from_secs(10))
-                // No ping before every acquire: it was a round trip per query (a tenth of
-                // the gateway's CPU under load). Only connections that sat idle are pinged;
-                // one that fails the ping is closed and another taken.
-                .test_before_acquire(false)
-                .before_acquire(move |conn, meta| {
-                    Box::pin(async move {
-                        if meta.idle_for >= ping_idle_after {
-                            conn.ping().await?;
-                        }
-                        Ok(true)
-                    })
-                })
+            let pool = pg_pool_options(&config, config.max_connections)
                 .connect_with(options)
                 .await?;
             Self::open_postgres(pool, config).await
@@ -401,6 +406,31 @@ impl EventStore {
                 writer_task: Mutex::new(Some(task)),
             }),
         })
+    }
+
+    /// The same ledger (its writer, commit signal and tail) over a PostgreSQL pool of its
+    /// own of up to `max_connections`, opened on first use. For work on another tokio
+    /// runtime: a connection stays bound to the runtime whose task opened it, so a
+    /// low-priority runtime's tasks must not open connections that the answers' tasks
+    /// then wait on. SQLite connections run on threads of their own and are shared.
+    pub fn with_own_pool(&self, max_connections: u32) -> EventStore {
+        let db = match &self.inner.db {
+            Db::Postgres(p) => Db::Postgres(
+                pg_pool_options(&self.inner.config, max_connections.max(1))
+                    .connect_lazy_with((*p.connect_options()).clone()),
+            ),
+            Db::Sqlite(p) => Db::Sqlite(p.clone()),
+        };
+        EventStore {
+            inner: Arc::new(Inner {
+                db,
+                config: self.inner.config.clone(),
+                writer: self.inner.writer.clone(),
+                committed: self.inner.committed.clone(),
+                tail: Arc::clone(&self.inner.tail),
+                writer_task: Mutex::new(None),
+            }),
+        }
     }
 
     /// `"postgres"` or `"sqlite"`.
