@@ -420,3 +420,70 @@ async fn batches_and_streams_are_decided_and_replayed_like_single_trades() {
     }
     assert_eq!(head(&server).await, recorded);
 }
+
+/// `aether client submit` as a user runs it: one line, the decision as JSON, a repeated
+/// request id answered from the ledger, and refusals said once, plainly, with a failing
+/// exit status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_one_line_client_submits_replays_and_explains_refusals() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &[]);
+    activate(&server).await;
+    let data_dir = data.to_str().unwrap();
+    let submit = |extra: &[&str]| {
+        let mut args = vec![
+            "client",
+            "submit",
+            "--data-dir",
+            data_dir,
+            "--endpoint",
+            &server.grpc_url,
+        ];
+        args.extend_from_slice(extra);
+        aether_e2e::run_aether(&args, &[])
+    };
+    let answer = |out: &std::process::Output| -> serde_json::Value {
+        assert!(
+            out.status.success(),
+            "client failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+
+    let cleared = answer(&submit(&["--request-id", "cli-1"]));
+    assert_eq!(cleared["decision"], "CLEARED", "{cleared}");
+    assert_eq!(cleared["replayed"], false);
+    let seq = cleared["receipt"]["seq"].as_u64().unwrap();
+    let held = answer(&submit(&["--session", "--amount-minor", "25000000"]));
+    assert_eq!(held["decision"], "HELD_FOR_REVIEW", "{held}");
+    assert_eq!(held["rules_fired"][0], "aml_v2/reporting-threshold");
+    // The same request id again: the original decision, nothing new recorded.
+    let before = decisions(&server).await.len();
+    let again = answer(&submit(&["--request-id", "cli-1", "--amount-minor", "999"]));
+    assert_eq!(again["replayed"], true);
+    assert_eq!(again["receipt"]["seq"], seq);
+    assert_eq!(decisions(&server).await.len(), before);
+
+    // Refusals: a negative amount reaches the gateway and is refused there; a member
+    // without a certificate here is refused before anything is sent.
+    let negative = submit(&["--amount-minor", "-5"]);
+    assert!(!negative.status.success());
+    let stderr = String::from_utf8_lossy(&negative.stderr);
+    assert!(
+        stderr.contains("InvalidArgument") && stderr.contains("amount"),
+        "{stderr}"
+    );
+    let stranger = submit(&["--member", "bank-zz"]);
+    assert!(!stranger.status.success());
+    let stderr = String::from_utf8_lossy(&stranger.stderr);
+    assert!(stderr.contains("member-bank-zz"), "{stderr}");
+    let said = |needle: &str| stderr.matches(needle).count();
+    assert_eq!(
+        said("os error 2"),
+        1,
+        "the cause said more than once: {stderr}"
+    );
+    assert_eq!(decisions(&server).await.len(), before);
+}

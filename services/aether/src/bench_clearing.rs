@@ -404,7 +404,12 @@ async fn measure(
         // A bench that ran is reported even if the gauges cannot be read.
         let lineage = lineage_catch_up(&server.http, &operator)
             .await
-            .inspect_err(|e| eprintln!("cannot tell whether lineage kept up: {e:#}"))
+            .inspect_err(|e| {
+                eprintln!(
+                    "cannot tell whether lineage kept up: {}",
+                    crate::error_chain(e)
+                )
+            })
             .ok();
         anyhow::Ok((gateway, echo, lineage))
     }

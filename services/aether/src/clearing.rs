@@ -277,8 +277,9 @@ pub struct SubmitArgs {
     pub instrument: String,
     #[arg(long, default_value = "SGD")]
     pub currency: String,
-    /// Amount in minor units (cents).
-    #[arg(long, default_value_t = 125_000)]
+    /// Amount in minor units (cents). A negative one is sent as given, for the gateway to
+    /// refuse.
+    #[arg(long, default_value_t = 125_000, allow_negative_numbers = true)]
     pub amount_minor: i64,
     /// Settlement date (default: today).
     #[arg(long)]

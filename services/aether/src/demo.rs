@@ -88,7 +88,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             );
         }
         Err(e) => say(&format!(
-            "the demo failed: {e:#}; the service log is serve.log"
+            "the demo failed: {}; the service log is serve.log",
+            crate::error_chain(e)
         )),
     }
     if args.keep_running && result.is_ok() {
