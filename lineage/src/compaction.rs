@@ -93,7 +93,8 @@ pub(crate) struct Compactor {
     /// vacuums).
     last_vacuum: Option<Instant>,
     /// The partition being merged and the merge, written on a blocking thread; committed
-    /// by the first append after it is done (or by [`Compactor::finish`]).
+    /// by the first append after it is done, by an idle relay's
+    /// [`Compactor::commit_if_done`], or by [`Compactor::finish`].
     in_flight: Option<(String, Merge)>,
 }
 
@@ -110,15 +111,26 @@ impl Compactor {
         dates: &[String],
         unique_columns: &'static [&'static str],
     ) {
+        self.commit_if_done(table).await;
+        if self.in_flight.is_none() {
+            self.start(table, dates, unique_columns);
+        }
+    }
+
+    /// Whether a merge is being written or waits for its commit.
+    pub(crate) fn in_flight(&self) -> bool {
+        self.in_flight.is_some()
+    }
+
+    /// Commits the merge in flight if it is done; never waits for one. A relay with no
+    /// events to append calls it, so that a finished merge does not wait for traffic.
+    pub(crate) async fn commit_if_done(&mut self, table: &mut DeltaTable) {
         if self
             .in_flight
             .as_ref()
             .is_some_and(|(_, merge)| merge.is_finished())
         {
             self.finish(table).await;
-        }
-        if self.in_flight.is_none() {
-            self.start(table, dates, unique_columns);
         }
     }
 

@@ -246,6 +246,16 @@ impl DecisionsSink {
         self.compactor.finish(&mut self.table).await;
     }
 
+    /// Whether a compaction merge is being written or waits for its commit.
+    pub fn merge_in_flight(&self) -> bool {
+        self.compactor.in_flight()
+    }
+
+    /// Commits the compaction merge in flight if it is done, without waiting for it.
+    pub async fn commit_finished_merge(&mut self) {
+        self.compactor.commit_if_done(&mut self.table).await;
+    }
+
     /// Writes the decisions among `events` (in seq order) not yet in the table as one
     /// commit that covers up to the last of `events`. Returns the table version, or `None`
     /// when there was nothing new to write.

@@ -190,6 +190,18 @@ impl DeltaSink {
         }
     }
 
+    /// Whether a compaction merge is being written or waits for its commit.
+    pub fn merge_in_flight(&self) -> bool {
+        self.compactor.as_ref().is_some_and(Compactor::in_flight)
+    }
+
+    /// Commits the compaction merge in flight if it is done, without waiting for it.
+    pub async fn commit_finished_merge(&mut self) {
+        if let Some(compactor) = &mut self.compactor {
+            compactor.commit_if_done(&mut self.table).await;
+        }
+    }
+
     /// The table version the sink is at (0 right after creation).
     pub fn version(&self) -> i64 {
         self.table

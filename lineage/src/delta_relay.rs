@@ -63,6 +63,9 @@ pub struct DeltaCommit {
     pub last_hash: String,
 }
 
+/// How long an idle relay waits before it looks for a finished merge to commit.
+const IDLE_MERGE_CHECK: Duration = Duration::from_millis(500);
+
 /// Follows the ledger until `stop` turns true, writing events to the Delta table. Failures
 /// are logged and retried with backoff from the table's own cursor: delayed, never dropped.
 pub async fn run_delta_relay(
@@ -108,9 +111,21 @@ async fn follow(
     let mut committed = store.committed_seq();
     let max_events = config.max_events.max(1);
     'relay: loop {
+        let merging =
+            sink.merge_in_flight() || decisions.as_ref().is_some_and(|d| d.merge_in_flight());
         let mut batch = tokio::select! {
+            // Cancel-safe: a page read but not returned is read again.
             batch = subscription.next_batch(max_events) => batch?,
             _ = stop.changed() => break 'relay,
+            // No events for a while: commit a finished merge rather than leave it for the
+            // next append (a crash meanwhile would leave its file unnamed by any commit).
+            _ = tokio::time::sleep(IDLE_MERGE_CHECK), if merging => {
+                sink.commit_finished_merge().await;
+                if let Some(d) = decisions.as_mut() {
+                    d.commit_finished_merge().await;
+                }
+                continue 'relay;
+            }
         };
         // Gather more until the commit is full or the first event has waited long enough;
         // a stop request commits what was gathered first. The ledger is read when a

@@ -30,6 +30,19 @@ async fn relay_until_caught_up(store: &EventStore, dir: &Path) {
 
 /// [`relay_until_caught_up`] with the relay configured as `config`.
 async fn relay_with_until_caught_up(store: &EventStore, config: DeltaRelayConfig) {
+    let (stop_tx, task) = relay_caught_up(store, config).await;
+    stop_tx.send(true).expect("relay running");
+    task.await.expect("relay task").expect("relay result");
+}
+
+/// Starts the relay and returns, still running, once every event up to the head is linked.
+async fn relay_caught_up(
+    store: &EventStore,
+    config: DeltaRelayConfig,
+) -> (
+    tokio::sync::watch::Sender<bool>,
+    tokio::task::JoinHandle<Result<(), aether_lineage::relay::RelayError>>,
+) {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(run_delta_relay(store.clone(), config, stop_rx));
     let head = store.head().await.expect("head").map_or(0, |(s, _)| s);
@@ -45,8 +58,7 @@ async fn relay_with_until_caught_up(store: &EventStore, config: DeltaRelayConfig
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    stop_tx.send(true).expect("relay running");
-    task.await.expect("relay task").expect("relay result");
+    (stop_tx, task)
 }
 
 /// An OpenLineage relay running on the ledger, waiting for the Delta relay's versions.
@@ -590,5 +602,38 @@ async fn a_stopping_relay_commits_the_merge_it_started() {
         1,
         "the merge was not committed when the relay stopped"
     );
+    store.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_idle_relay_commits_a_finished_merge_without_waiting_for_events() {
+    let dir = TempData::new("relay-idle-merge");
+    let store = open(&dir.0).await;
+    let events = aether_lineage::compaction::FAN_IN as u64;
+    append(&store, 1, events).await;
+    // One event per commit: the last commit makes FAN_IN files and starts their merge;
+    // then no event comes.
+    let one_per_commit = DeltaRelayConfig {
+        max_events: 1,
+        ..config(&dir.0)
+    };
+    let (stop, task) = relay_caught_up(&store, one_per_commit).await;
+    let table = dir.0.join("delta").join("events");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let sink = DeltaSink::open_or_create(&table).await.expect("open");
+        let files = sink.table().get_file_uris().expect("files").count();
+        if files == 1 {
+            assert_eq!(sink.last_seq(), events);
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the running relay left its finished merge uncommitted ({files} live files)"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.send(true).expect("relay running");
+    task.await.expect("relay task").expect("relay result");
     store.shutdown().await;
 }
