@@ -580,18 +580,24 @@ async fn a_decisions_commit_without_a_hash_is_left_unlinked_and_newer_ones_are_l
     store.shutdown().await;
 }
 
+/// A ledger of FAN_IN events and a relay configuration of one event per commit: its last
+/// commit makes FAN_IN files and starts their merge. Returns the number of events too.
+async fn events_for_one_merge(dir: &Path) -> (EventStore, DeltaRelayConfig, u64) {
+    let store = open(dir).await;
+    let events = aether_lineage::compaction::FAN_IN as u64;
+    append(&store, 1, events).await;
+    let one_per_commit = DeltaRelayConfig {
+        max_events: 1,
+        ..config(dir)
+    };
+    (store, one_per_commit, events)
+}
+
 #[tokio::test]
 async fn a_stopping_relay_commits_the_merge_it_started() {
     let dir = TempData::new("relay-merge");
-    let store = open(&dir.0).await;
-    let events = aether_lineage::compaction::FAN_IN as u64;
-    append(&store, 1, events).await;
-    // One event per commit: the last commit makes FAN_IN files and starts their merge, and
-    // the relay is stopped as soon as it has linked that commit.
-    let one_per_commit = DeltaRelayConfig {
-        max_events: 1,
-        ..config(&dir.0)
-    };
+    let (store, one_per_commit, events) = events_for_one_merge(&dir.0).await;
+    // The relay is stopped as soon as it has linked the commit that started the merge.
     relay_with_until_caught_up(&store, one_per_commit).await;
     let sink = DeltaSink::open_or_create(dir.0.join("delta").join("events"))
         .await
@@ -608,15 +614,8 @@ async fn a_stopping_relay_commits_the_merge_it_started() {
 #[tokio::test]
 async fn an_idle_relay_commits_a_finished_merge_without_waiting_for_events() {
     let dir = TempData::new("relay-idle-merge");
-    let store = open(&dir.0).await;
-    let events = aether_lineage::compaction::FAN_IN as u64;
-    append(&store, 1, events).await;
-    // One event per commit: the last commit makes FAN_IN files and starts their merge;
-    // then no event comes.
-    let one_per_commit = DeltaRelayConfig {
-        max_events: 1,
-        ..config(&dir.0)
-    };
+    let (store, one_per_commit, events) = events_for_one_merge(&dir.0).await;
+    // After the commit that started the merge, no event comes.
     let (stop, task) = relay_caught_up(&store, one_per_commit).await;
     let table = dir.0.join("delta").join("events");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
