@@ -149,6 +149,27 @@ pub async fn events_of_type(server: &Server, event_type: &str) -> Vec<Value> {
     page["events"].as_array().unwrap().clone()
 }
 
+/// Issues a development certificate for worker `id` in `data` (`aether certs init
+/// --worker`, which adds to a PKI already there).
+pub fn issue_worker_certificate(data: &Path, id: &str) {
+    let out = crate::run_aether(
+        &[
+            "certs",
+            "init",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--worker",
+            id,
+        ],
+        &[],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A running `aether worker`, killed on drop.
 pub struct WorkerProcess(std::process::Child);
 
@@ -165,8 +186,9 @@ impl WorkerProcess {
         Self::spawn(server, data, id, &["--device", device])
     }
 
-    /// Its log goes to `<data>.<id>.log`, shown if it does not connect.
-    fn spawn(server: &Server, data: &Path, id: &str, args: &[&str]) -> WorkerProcess {
+    /// Starts `aether worker --id <id> <args>` against `server` and waits until it has
+    /// connected. Its log goes to `<data>.<id>.log`, shown if it does not connect.
+    pub fn spawn(server: &Server, data: &Path, id: &str, args: &[&str]) -> WorkerProcess {
         use std::io::BufRead;
         let log_path = data.with_extension(format!("{id}.log"));
         let log = std::fs::File::create(&log_path).expect("worker log file");
@@ -209,6 +231,20 @@ impl WorkerProcess {
     pub fn kill(mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+
+    /// Its exit status if it exits within `limit`; `None` while it runs.
+    pub fn exit_within(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if let Some(status) = self.0.try_wait().expect("worker status") {
+                return Some(status);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 

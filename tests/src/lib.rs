@@ -57,14 +57,23 @@ impl Server {
     /// Starts `aether serve` on a free port with `data_dir`, known tokens and `env`, and
     /// waits until it listens. Its log goes to `<data_dir>/../serve-<n>.log`.
     pub fn start(data_dir: &Path, env: &[(&str, &str)]) -> Server {
+        Self::start_with(data_dir, &[], env)
+    }
+
+    /// As [`Server::start`], with more `serve` arguments; the gRPC address is any free
+    /// port unless `args` names one (`--grpc-listen`).
+    pub fn start_with(data_dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
         let log_path = data_dir.with_extension(format!("log.{}", uuid::Uuid::now_v7().simple()));
         let log = std::fs::File::create(&log_path).expect("log file");
         let mut cmd = Command::new(aether_bin());
         cmd.arg("serve")
             .arg("--data-dir")
             .arg(data_dir)
-            .args(["--listen", "127.0.0.1:0"])
-            .args(["--grpc-listen", "127.0.0.1:0"])
+            .args(["--listen", "127.0.0.1:0"]);
+        if !args.contains(&"--grpc-listen") {
+            cmd.args(["--grpc-listen", "127.0.0.1:0"]);
+        }
+        cmd.args(args)
             .env_remove("DATABASE_URL")
             .env(
                 "AETHER_TOKENS",

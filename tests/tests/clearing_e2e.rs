@@ -280,22 +280,7 @@ async fn trades_are_cleared_over_mtls_with_envelopes_and_every_decision_is_on_th
 async fn a_batch_on_a_worker_killed_mid_batch_goes_to_another_and_is_decided_once() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let out = aether_e2e::run_aether(
-        &[
-            "certs",
-            "init",
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--worker",
-            "worker-2",
-        ],
-        &[],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    aether_e2e::clearing::issue_worker_certificate(&data, "worker-2");
     let server = Server::start(&data, &[("AETHER_NO_LOCAL_WORKERS", "true")]);
     activate(&server).await;
     let mut bank_a = client(&server, &data, "bank-a").await;

@@ -1,9 +1,10 @@
 //! Clearing with remote workers only: a gateway started with `--no-local-workers` never
-//! reads the model file, and a flood beyond its bounded queue is refused with
+//! reads the model file, a flood beyond its bounded queue is refused with
 //! RESOURCE_EXHAUSTED, records nothing for the refused trades, and leaves the service
-//! serving.
+//! serving, and worker processes outlive a gateway restart.
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use aether_e2e::Server;
 use aether_e2e::clearing::{
@@ -163,4 +164,62 @@ fn a_gpu_asked_for_and_missing_is_refused_before_anything_starts() {
         stderr.contains("not one of cpu, auto, cuda, cuda:N"),
         "{stderr}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_connects_again_when_its_gateway_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    // One gRPC address across the restart, as a deployment has.
+    let grpc = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let args = ["--grpc-listen", grpc.as_str(), "--no-local-workers"];
+    let server = Server::start_with(&data, &args, &[]);
+    activate(&server).await;
+    aether_e2e::clearing::issue_worker_certificate(&data, "worker-2");
+    let mut staying = WorkerProcess::spawn(&server, &data, "worker-1", &[]);
+    let mut leaving = WorkerProcess::spawn(&server, &data, "worker-2", &["--no-reconnect"]);
+    let mut bank_a = client(&server, &data, "bank-a").await;
+    let before = bank_a.submit("req-before", &trade(50_000)).await.unwrap();
+    assert_eq!(before.decision, Decision::Cleared as i32, "{before:?}");
+    assert!(server.terminate().success());
+
+    // Told not to reconnect, a worker exits with an error; the other waits.
+    let status = leaving.exit_within(Duration::from_secs(15));
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "a --no-reconnect worker outlived its gateway: {status:?}"
+    );
+    assert_eq!(staying.exit_within(Duration::from_millis(500)), None);
+
+    let server = Server::start_with(&data, &args, &[]);
+    let mut bank_a = client(&server, &data, "bank-a").await;
+    // UNAVAILABLE ("no connected worker") until the worker is back, then decided by it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let after = loop {
+        match bank_a.submit("req-after", &trade(60_000)).await {
+            Ok(answer) => break answer,
+            Err(ClientError::Status {
+                code: tonic::Code::Unavailable,
+                message,
+            }) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the worker did not come back: {message}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("unexpected refusal: {e:?}"),
+        }
+    };
+    assert_eq!(after.decision, Decision::Cleared as i32, "{after:?}");
+    let all = decisions(&server).await;
+    let last = all.last().unwrap();
+    assert_eq!(last["payload"]["request_id"], "req-after", "{last}");
+    assert_eq!(last["payload"]["worker"], "worker-1", "{last}");
+    assert_eq!(staying.exit_within(Duration::ZERO), None);
+    assert!(server.terminate().success());
 }

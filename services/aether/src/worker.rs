@@ -1,6 +1,7 @@
 //! `aether worker`: a clearing worker process. Connects to the gateway over mTLS with a
 //! worker certificate, registers the models it holds, scores and nets the batches it is
-//! sent, and drains on SIGTERM. It has no database access.
+//! sent, connects again when the gateway goes away, and drains on SIGTERM. It has no
+//! database access.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,7 +19,7 @@ use aether_gateway::tls::{TlsPaths, client_tls_config};
 use aether_gpu_worker::{ClearingModel, DeviceChoice, Trade, TradeContext};
 use anyhow::Context;
 use clap::Args;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 
 #[derive(Args, Debug)]
@@ -48,6 +49,10 @@ pub struct WorkerArgs {
     /// Most trades per batch this worker accepts.
     #[arg(long, default_value_t = 500)]
     pub max_batch: u32,
+    /// Exit when the gateway cannot be reached or the connection is lost, instead of
+    /// connecting again (with pauses from 0.25 s growing to 10 s) until stopped.
+    #[arg(long)]
+    pub no_reconnect: bool,
     /// Testing aid: wait this long before answering each batch.
     #[arg(long, hide = true, default_value_t = 0)]
     pub delay_ms: u64,
@@ -59,6 +64,19 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         .device
         .parse()
         .map_err(|e| anyhow::anyhow!("--device {}: {e}", args.device))?;
+    // The certificates first: a mistyped data directory is refused before anything is
+    // written into it.
+    let tls = match (&args.tls_ca, &args.tls_cert, &args.tls_key) {
+        (Some(ca), Some(cert), Some(key)) => TlsPaths {
+            ca: ca.clone(),
+            cert: cert.clone(),
+            key: key.clone(),
+        },
+        _ => TlsPaths::client(&PkiLayout::new(&args.data_dir), Role::Worker, &args.id),
+    };
+    let endpoint = tonic::transport::Endpoint::from_shared(args.connect.clone())
+        .context("bad --connect address")?
+        .tls_config(client_tls_config(&tls)?)?;
     let paths = if args.models.is_empty() {
         let dir = args.data_dir.join("models").join("reference");
         let saved = aether_gpu_worker::reference::install(&dir)
@@ -77,53 +95,109 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         tracing::info!(model = %path.display(), %digest, device = %model.device_name(), "model loaded");
         models.push(Arc::new(model));
     }
+
+    // One session after another: a gateway that restarts or a connection that drops is
+    // waited for, with a growing pause, until SIGTERM or Ctrl-C (batches in flight when
+    // it went are reassigned by the gateway, so nothing is decided twice).
+    let (stop_tx, mut stop) = watch::channel(false);
+    tokio::spawn(async move {
+        crate::serve::shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let mut pause = RECONNECT_FIRST;
+    loop {
+        let mut connected = false;
+        let outcome = session(&args, &endpoint, &models, stop.clone(), &mut connected).await;
+        if connected {
+            pause = RECONNECT_FIRST;
+        }
+        let error = match outcome {
+            Ok(Ended::Stopped) => return Ok(()),
+            Ok(Ended::Closed) => anyhow::anyhow!("the gateway closed the work stream"),
+            Err(e) => e,
+        };
+        if args.no_reconnect {
+            return Err(error);
+        }
+        tracing::warn!(
+            error = %crate::error_chain(&error),
+            retry_in_ms = pause.as_millis() as u64,
+            "no session with the gateway; connecting again"
+        );
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = stop.wait_for(|stop| *stop) => return Ok(()),
+        }
+        pause = (pause * 2).min(RECONNECT_MAX);
+    }
+}
+
+/// The first pause before connecting again, and the longest.
+const RECONNECT_FIRST: Duration = Duration::from_millis(250);
+const RECONNECT_MAX: Duration = Duration::from_secs(10);
+
+/// How a session with the gateway ended without an error.
+enum Ended {
+    /// SIGTERM or Ctrl-C: the gateway was told (once there was a work stream), and the
+    /// batches in flight answered.
+    Stopped,
+    /// The gateway ended the work stream (it is shutting down).
+    Closed,
+}
+
+/// Connects, registers the models and scores the batches sent until the stream ends or a
+/// shutdown signal drains the worker. Sets `connected` once it has a work stream.
+async fn session(
+    args: &WorkerArgs,
+    endpoint: &tonic::transport::Endpoint,
+    models: &[Arc<ClearingModel>],
+    mut stop: watch::Receiver<bool>,
+    connected: &mut bool,
+) -> anyhow::Result<Ended> {
     let device_name = models
         .first()
         .map(|m| m.device_name())
         .unwrap_or_else(|| "cpu".into());
-
-    let tls = match (&args.tls_ca, &args.tls_cert, &args.tls_key) {
-        (Some(ca), Some(cert), Some(key)) => TlsPaths {
-            ca: ca.clone(),
-            cert: cert.clone(),
-            key: key.clone(),
-        },
-        _ => TlsPaths::client(&PkiLayout::new(&args.data_dir), Role::Worker, &args.id),
-    };
-    let channel = tonic::transport::Endpoint::from_shared(args.connect.clone())
-        .context("bad --connect address")?
-        .tls_config(client_tls_config(&tls)?)?
-        .connect()
-        .await
-        .with_context(|| format!("cannot reach the gateway at {}", args.connect))?;
-    let mut client = WorkerServiceClient::new(channel);
-    let session_id = client
-        .register(RegisterRequest {
-            worker_id: args.id.clone(),
-            device: device_name.clone(),
-            model_digests: models
-                .iter()
-                .map(|m| m.model().digest().to_owned())
-                .collect(),
-            max_batch: args.max_batch,
-        })
-        .await
-        .context("registration refused")?
-        .into_inner()
-        .session_id;
-
     let (tx, rx) = mpsc::channel(16);
-    tx.send(WorkerMessage {
-        body: Some(Body::Hello(WorkerHello {
-            session_id: session_id.clone(),
-        })),
-    })
-    .await?;
-    let mut assignments = client
-        .work(ReceiverStream::new(rx))
-        .await
-        .context("the work stream was refused")?
-        .into_inner();
+    let open = async {
+        let channel = endpoint
+            .connect()
+            .await
+            .with_context(|| format!("cannot reach the gateway at {}", args.connect))?;
+        let mut client = WorkerServiceClient::new(channel);
+        let session_id = client
+            .register(RegisterRequest {
+                worker_id: args.id.clone(),
+                device: device_name.clone(),
+                model_digests: models
+                    .iter()
+                    .map(|m| m.model().digest().to_owned())
+                    .collect(),
+                max_batch: args.max_batch,
+            })
+            .await
+            .context("registration refused")?
+            .into_inner()
+            .session_id;
+        tx.send(WorkerMessage {
+            body: Some(Body::Hello(WorkerHello {
+                session_id: session_id.clone(),
+            })),
+        })
+        .await?;
+        let assignments = client
+            .work(ReceiverStream::new(rx))
+            .await
+            .context("the work stream was refused")?
+            .into_inner();
+        anyhow::Ok((client, session_id, assignments))
+    };
+    // Until there is a work stream there is nothing to drain.
+    let (mut client, session_id, mut assignments) = tokio::select! {
+        opened = open => opened?,
+        _ = stop.wait_for(|stop| *stop) => return Ok(Ended::Stopped),
+    };
+    *connected = true;
     // A line scripts and tests can wait for.
     println!("aether worker {} connected ({device_name})", args.id);
     tracing::info!(worker = %args.id, %session_id, "connected to the gateway");
@@ -147,13 +221,14 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
             }
         })
     };
+    let _stop_heartbeat = AbortOnDrop(heartbeat);
     let delay = Duration::from_millis(args.delay_ms);
     loop {
         tokio::select! {
             next = assignments.message() => match next {
                 Ok(Some(assignment)) => {
                     let tx = tx.clone();
-                    let models = models.clone();
+                    let models = models.to_vec();
                     tokio::spawn(async move {
                         if !delay.is_zero() {
                             tokio::time::sleep(delay).await;
@@ -161,25 +236,26 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
                         let _ = tx.send(score(&models, assignment).await).await;
                     });
                 }
-                Ok(None) => {
-                    tracing::warn!("the gateway closed the work stream");
-                    break;
-                }
-                Err(status) => {
-                    heartbeat.abort();
-                    anyhow::bail!("the work stream failed: {status}");
-                }
+                Ok(None) => return Ok(Ended::Closed),
+                Err(status) => anyhow::bail!("the work stream failed: {status}"),
             },
-            _ = crate::serve::shutdown_signal() => {
+            _ = stop.wait_for(|stop| *stop) => {
                 let left = client.drain(DrainRequest { session_id: session_id.clone() }).await?;
                 tracing::info!(remaining = left.into_inner().remaining, "draining");
                 tokio::time::sleep(Duration::from_millis(200)).await;
-                break;
+                return Ok(Ended::Stopped);
             }
         }
     }
-    heartbeat.abort();
-    Ok(())
+}
+
+/// Aborts a background task when its owner goes.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Scores and nets one assignment with the model it names.
