@@ -43,6 +43,15 @@ pub fn run_aether(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     cmd.output().expect("run aether")
 }
 
+/// Runs `aether serve --data-dir <data_dir> --listen 127.0.0.1:0 <args>` to its end: for
+/// starts that must be refused.
+pub fn run_serve(data_dir: &Path, args: &[&str]) -> std::process::Output {
+    let data = data_dir.to_str().expect("a UTF-8 path");
+    let mut all = vec!["serve", "--data-dir", data, "--listen", "127.0.0.1:0"];
+    all.extend_from_slice(args);
+    run_aether(&all, &[])
+}
+
 /// A running `aether serve`.
 pub struct Server {
     child: Child,

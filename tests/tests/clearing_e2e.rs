@@ -472,3 +472,26 @@ async fn the_one_line_client_submits_replays_and_explains_refusals() {
     );
     assert_eq!(decisions(&server).await.len(), before);
 }
+
+/// A gRPC address already taken stops `serve` with one plain error, after the lineage
+/// relays and the Merkle log follower were started or not: no panic from a relay cut off
+/// mid-commit.
+#[test]
+fn a_grpc_address_in_use_stops_serve_with_a_plain_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let grpc = taken.local_addr().unwrap().to_string();
+    for _ in 0..6 {
+        let out = aether_e2e::run_serve(&dir.path().join("data"), &["--grpc-listen", &grpc]);
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!("error: cannot listen on {grpc}")),
+            "{stderr}"
+        );
+        assert!(
+            !stderr.contains("panicked") && !stderr.contains("crashed"),
+            "{stderr}"
+        );
+    }
+}

@@ -441,3 +441,23 @@ async fn http_api_refuses_bad_requests_precisely_and_writes_nothing() {
         assert!(metrics.contains(gauge), "{gauge} in:\n{metrics}");
     }
 }
+
+/// A PostgreSQL ledger that cannot be reached stops `serve` at once with the reason, not
+/// after a pool's timeout with "pool timed out".
+#[test]
+fn an_unreachable_database_is_refused_at_once_with_its_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = aether_e2e::run_serve(
+        &dir.path().join("data"),
+        &["--database-url", "postgres://aether@127.0.0.1:1/ledger"],
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr
+            .contains("cannot open the ledger at PostgreSQL postgres://aether@127.0.0.1:1/ledger")
+            && stderr.contains("Connection refused"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("timed out"), "{stderr}");
+}

@@ -399,16 +399,7 @@ async fn lineage_runs_below_the_answers_priority_and_still_keeps_up() {
         assert!(server.terminate().success());
     }
     // Out of range: refused with the range, before anything starts.
-    let out = run_aether(
-        &[
-            "serve",
-            "--data-dir",
-            dir.path().join("never").to_str().unwrap(),
-            "--background-nice",
-            "20",
-        ],
-        &[],
-    );
+    let out = aether_e2e::run_serve(&dir.path().join("never"), &["--background-nice", "20"]);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("20 is not in 0..=19"), "{stderr}");

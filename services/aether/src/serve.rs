@@ -140,44 +140,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
-    let schema_base = format!("http://{local}");
-    // Lineage and the Merkle log follow the ledger on a lower-priority runtime, over
-    // connections of their own (a connection belongs to the runtime that opened it).
-    let background = crate::background::start(args.background_nice)?;
-    let background_store = store.with_own_pool(BACKGROUND_CONNECTIONS);
-    // The relay stops last, after it has caught up with the final checkpoint.
-    let (relay_stop_tx, relay_stop_rx) = tokio::sync::watch::channel(false);
-    let relay = background
-        .handle()
-        .spawn(aether_lineage::relay::run_openlineage_relay(
-            background_store.clone(),
-            aether_lineage::MappingContext::new(&schema_base),
-            args.openlineage_file.clone(),
-            relay_stop_rx.clone(),
-        ));
     // An OpenLineage backend at OPENLINEAGE_URL, when set: the stored records, from the
     // transport's own cursor, so a slow or absent endpoint delays only this relay.
     let http_lineage = aether_lineage::http_transport::HttpTransportConfig::from_env()
         .context("invalid OpenLineage HTTP transport configuration")?;
-    let http_relay = http_lineage.map(|config| {
-        background
-            .handle()
-            .spawn(aether_lineage::http_transport::run_http_relay(
-                background_store.clone(),
-                config,
-                relay_stop_rx.clone(),
-            ))
-    });
-    // Delta Lake: every event as a row of <data>/delta/events, many events per commit.
-    let delta_relay = background
-        .handle()
-        .spawn(aether_lineage::delta_relay::run_delta_relay(
-            background_store.clone(),
-            aether_lineage::delta_relay::DeltaRelayConfig::new(
-                args.ledger.data_dir.join("delta").join("events"),
-            ),
-            relay_stop_rx,
-        ));
     tracing::info!(
         http = %format!("http://{local}"),
         ledger = %args.ledger.describe(),
@@ -198,9 +164,6 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         file = %merkle_file.display(),
         "Merkle log loaded"
     );
-    let follower = background
-        .handle()
-        .spawn(merkle.clone().follow(background_store, stop_rx.clone()));
     let control = aether_control::ControlState::replay(&store).await?;
     tracing::info!(
         policies = control.policies.policies().len(),
@@ -243,6 +206,47 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         println!("aether clearing on https://{addr}");
         Some(task)
     };
+    let schema_base = format!("http://{local}");
+    // Lineage and the Merkle log follow the ledger on a lower-priority runtime, over
+    // connections of their own (a connection belongs to the runtime that opened it).
+    // Started once nothing else can fail: a Delta commit cut off by an early return
+    // would take the runtime down mid-operation.
+    let background = crate::background::start(args.background_nice)?;
+    let background_store = store.with_own_pool(BACKGROUND_CONNECTIONS);
+    let follower = background.handle().spawn(
+        merkle
+            .clone()
+            .follow(background_store.clone(), stop_rx.clone()),
+    );
+    // The relay stops last, after it has caught up with the final checkpoint.
+    let (relay_stop_tx, relay_stop_rx) = tokio::sync::watch::channel(false);
+    let relay = background
+        .handle()
+        .spawn(aether_lineage::relay::run_openlineage_relay(
+            background_store.clone(),
+            aether_lineage::MappingContext::new(&schema_base),
+            args.openlineage_file.clone(),
+            relay_stop_rx.clone(),
+        ));
+    let http_relay = http_lineage.map(|config| {
+        background
+            .handle()
+            .spawn(aether_lineage::http_transport::run_http_relay(
+                background_store.clone(),
+                config,
+                relay_stop_rx.clone(),
+            ))
+    });
+    // Delta Lake: every event as a row of <data>/delta/events, many events per commit.
+    let delta_relay = background
+        .handle()
+        .spawn(aether_lineage::delta_relay::run_delta_relay(
+            background_store.clone(),
+            aether_lineage::delta_relay::DeltaRelayConfig::new(
+                args.ledger.data_dir.join("delta").join("events"),
+            ),
+            relay_stop_rx,
+        ));
     let state = AppState {
         store: store.clone(),
         tokens: Arc::new(tokens),
@@ -251,10 +255,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         control,
     };
     let app = router(state).layer(axum::Extension(Arc::new(args.audit.audit_reveal)));
-    axum::serve(listener, app)
+    // A failure of the HTTP server still stops everything in order below.
+    let served = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await
-        .context("HTTP server failed")?;
+        .context("HTTP server failed");
 
     let _ = grpc_stop_tx.send(true);
     if let Some(task) = grpc {
@@ -290,7 +295,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     store.shutdown().await;
     upkeep.abort();
     tracing::info!("stopped");
-    Ok(())
+    served
 }
 
 pub(crate) async fn shutdown_signal() {

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde_json::value::RawValue;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
@@ -339,6 +339,11 @@ impl EventStore {
             // PostgreSQL's cost guesses on a ledger it has not analysed yet put a batch's
             // lookup over `jit_above_cost`, so each one spent ~10 ms compiling.
             let options = PgConnectOptions::from_str(url)?.options([("jit", "off")]);
+            // One connection on its own first: the pool retries until its acquire timeout
+            // and then says only "pool timed out", not why (refused, no such database, a
+            // wrong password).
+            let probe = PgConnection::connect_with(&options).await?;
+            let _ = probe.close().await;
             let pool = pg_pool_options(&config, config.max_connections)
                 .connect_with(options)
                 .await?;
