@@ -407,7 +407,7 @@ async fn measure(
             .inspect_err(|e| {
                 eprintln!(
                     "cannot tell whether lineage kept up: {}",
-                    crate::error_chain(e)
+                    aether_gateway::errors::error_chain(e.as_ref())
                 )
             })
             .ok();

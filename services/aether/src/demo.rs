@@ -89,7 +89,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         }
         Err(e) => say(&format!(
             "the demo failed: {}; the service log is serve.log",
-            crate::error_chain(e)
+            aether_gateway::errors::error_chain(e.as_ref())
         )),
     }
     if args.keep_running && result.is_ok() {

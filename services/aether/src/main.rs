@@ -264,28 +264,10 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {}", error_chain(&e));
+            eprintln!("error: {}", aether_gateway::errors::error_chain(e.as_ref()));
             ExitCode::FAILURE
         }
     }
-}
-
-/// An error and its causes, `: `-separated, like anyhow's `{:#}`, but without a cause
-/// whose text its error's message already ends with (many library errors print their
-/// source in their own message too, so `{:#}` said it twice).
-pub(crate) fn error_chain(e: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if out.ends_with(&text) {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&text);
-    }
-    out
 }
 
 /// Candle sizes each matmul's thread pool from `RAYON_NUM_THREADS`, read on every call; when
@@ -533,35 +515,7 @@ async fn replay(ledger: LedgerArgs, json: bool) -> anyhow::Result<ExitCode> {
 
 #[cfg(test)]
 mod tests {
-    use super::{error_chain, log_filter};
-
-    #[test]
-    fn an_error_chain_names_each_cause_once() {
-        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
-        // A library error that prints its source in its own message as well.
-        #[derive(Debug)]
-        struct Unreadable(std::io::Error);
-        impl std::fmt::Display for Unreadable {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                write!(f, "cannot read certs/member.pem: {}", self.0)
-            }
-        }
-        impl std::error::Error for Unreadable {
-            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-                Some(&self.0)
-            }
-        }
-        let e = anyhow::Error::new(Unreadable(io)).context("cannot connect to the gateway");
-        assert_eq!(
-            error_chain(&e),
-            "cannot connect to the gateway: cannot read certs/member.pem: no such file"
-        );
-        // Causes not already said are kept, as `{:#}` keeps them.
-        let e = anyhow::anyhow!("refused")
-            .context("step two")
-            .context("step one");
-        assert_eq!(error_chain(&e), "step one: step two: refused");
-    }
+    use super::log_filter;
 
     #[test]
     fn the_delta_and_index_libraries_log_warnings_only_unless_named() {

@@ -120,7 +120,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
             return Err(error);
         }
         tracing::warn!(
-            error = %crate::error_chain(&error),
+            error = %aether_gateway::errors::error_chain(error.as_ref()),
             retry_in_ms = pause.as_millis() as u64,
             "no session with the gateway; connecting again"
         );

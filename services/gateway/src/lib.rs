@@ -10,6 +10,7 @@ pub mod clearing;
 pub mod client;
 pub mod coalesce;
 pub mod envelope;
+pub mod errors;
 pub mod identity;
 mod lookups;
 pub mod observations;

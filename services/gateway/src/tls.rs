@@ -428,20 +428,8 @@ impl ClientTls {
             .origin(uri)
             .connect_with_connector(connector)
             .await
-            .map_err(|e| fail(error_chain(&e)))
+            .map_err(|e| fail(crate::errors::error_chain(&e)))
     }
-}
-
-/// An error with its causes, `: `-separated (tonic's own text is only "transport error").
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// Stream of TLS 1.3 connections with verified client certificates, for
