@@ -470,6 +470,25 @@ async fn the_one_line_client_submits_replays_and_explains_refusals() {
         1,
         "the cause said more than once: {stderr}"
     );
+    // No gateway at the address: the reason, once.
+    let nowhere = aether_e2e::run_aether(
+        &[
+            "client",
+            "submit",
+            "--data-dir",
+            data_dir,
+            "--endpoint",
+            "https://127.0.0.1:1",
+        ],
+        &[],
+    );
+    assert!(!nowhere.status.success());
+    let stderr = String::from_utf8_lossy(&nowhere.stderr);
+    assert!(
+        stderr.contains("cannot reach the gateway at https://127.0.0.1:1"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.matches("Connection refused").count(), 1, "{stderr}");
     assert_eq!(decisions(&server).await.len(), before);
 }
 
