@@ -223,3 +223,45 @@ async fn a_worker_connects_again_when_its_gateway_restarts() {
     assert_eq!(staying.exit_within(Duration::ZERO), None);
     assert!(server.terminate().success());
 }
+
+/// A refusal that asking again cannot change ends the worker with the gateway's reason
+/// instead of retrying forever: here a member's certificate presented by a worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_refused_for_good_exits_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &[("AETHER_NO_LOCAL_WORKERS", "true")]);
+    let certs = data.join("certs");
+    let path = |name: &str| certs.join(name).to_str().unwrap().to_owned();
+    let mut worker = std::process::Command::new(aether_e2e::aether_bin())
+        .args(["worker", "--connect", &server.grpc_url, "--id", "bank-a"])
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--tls-ca", &path("ca.pem")])
+        .args(["--tls-cert", &path("member-bank-a.pem")])
+        .args(["--tls-key", &path("member-bank-a.key.pem")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = worker.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = worker.kill();
+            panic!("a worker with a member's certificate kept retrying");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!status.success());
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut worker.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(stderr.contains("registration refused"), "{stderr}");
+    assert!(
+        stderr.contains("PermissionDenied") || stderr.contains("permission"),
+        "{stderr}"
+    );
+    assert!(server.terminate().success());
+}

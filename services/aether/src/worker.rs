@@ -116,7 +116,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
             Ok(Ended::Closed) => anyhow::anyhow!("the gateway closed the work stream"),
             Err(e) => e,
         };
-        if args.no_reconnect {
+        if args.no_reconnect || refused_for_good(&error) {
             return Err(error);
         }
         tracing::warn!(
@@ -130,6 +130,19 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         }
         pause = (pause * 2).min(RECONNECT_MAX);
     }
+}
+
+/// Whether the gateway refused this worker in a way that asking again cannot change (the
+/// certificate is not a worker's, or names another worker; no model), rather than being
+/// out of reach.
+fn refused_for_good(error: &anyhow::Error) -> bool {
+    use tonic::Code;
+    error.downcast_ref::<tonic::Status>().is_some_and(|status| {
+        matches!(
+            status.code(),
+            Code::PermissionDenied | Code::Unauthenticated | Code::InvalidArgument
+        )
+    })
 }
 
 /// The first pause before connecting again, and the longest.
