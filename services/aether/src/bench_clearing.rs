@@ -204,6 +204,11 @@ struct PhaseResult {
     /// missed, ones that started in between count whole).
     client_cpu_secs: Option<f64>,
     server_cpu_secs: Option<f64>,
+    /// The part of `server_cpu_secs` spent on the server's lower-priority threads (the
+    /// lineage relays and the Merkle log follower; threads that ended in between are
+    /// missed).
+    #[serde(default)]
+    server_background_cpu_secs: Option<f64>,
     postgres_cpu_secs: Option<f64>,
     /// Busy share of all cores over the measured interval (whole machine).
     machine_busy: Option<f64>,
@@ -761,6 +766,12 @@ fn cpu_per_request_us(p: &PhaseResult) -> Option<(f64, Option<f64>, f64)> {
     ))
 }
 
+/// The server's lower-priority threads' CPU per answered request, µs.
+fn background_per_request_us(p: &PhaseResult) -> Option<f64> {
+    let secs = p.server_background_cpu_secs?;
+    (p.ok > 0).then(|| secs * 1e6 / p.ok as f64)
+}
+
 /// One phase's CPU per request as `total (server …, PostgreSQL …, client …)`; without the
 /// PostgreSQL share when `database` is false (the echo: what the gateway's idle database
 /// does meanwhile is not the echo's).
@@ -769,9 +780,12 @@ fn cpu_parts(p: &PhaseResult, database: bool) -> Option<(f64, String)> {
     let postgres = postgres.filter(|_| database);
     let total = server + postgres.unwrap_or(0.0) + client;
     let postgres = postgres.map_or(String::new(), |us| format!(", PostgreSQL {us:.0}"));
+    let background = background_per_request_us(p)
+        .filter(|_| database)
+        .map_or(String::new(), |us| format!(" of which lineage {us:.0}"));
     Some((
         total,
-        format!("{total:.0} (server {server:.0}{postgres}, client {client:.0})"),
+        format!("{total:.0} (server {server:.0}{background}{postgres}, client {client:.0})"),
     ))
 }
 
@@ -1211,6 +1225,7 @@ async fn phase(
             .collect(),
         client_cpu_secs: cpu(|s| s.client),
         server_cpu_secs: cpu(|s| s.server),
+        server_background_cpu_secs: cpu(|s| s.server_background),
         postgres_cpu_secs: cpu(|s| s.postgres),
         machine_busy,
         postgres,
@@ -1539,6 +1554,8 @@ async fn server_version(conn: &mut sqlx::PgConnection) -> anyhow::Result<i64> {
 struct CpuSnapshot {
     client: Option<u64>,
     server: Option<u64>,
+    /// The server's threads named by `serve`'s background runtime.
+    server_background: Option<u64>,
     postgres: Option<u64>,
     /// (busy, total) jiffies of all cores.
     machine: Option<(u64, u64)>,
@@ -1549,15 +1566,39 @@ impl CpuSnapshot {
         CpuSnapshot {
             client: process_ticks("self"),
             server: server.and_then(|p| process_ticks(&p.to_string())),
+            server_background: server.and_then(background_ticks),
             postgres: database.and_then(postgres_ticks),
             machine: machine_ticks(),
         }
     }
 }
 
+/// utime + stime of the server's background threads (`aether-background`, which
+/// `/proc` cuts to 15 bytes), in clock ticks.
+fn background_ticks(pid: u32) -> Option<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() == "aether-backgrou"
+            && let Some(ticks) = stat_ticks(&entry.path().join("stat"))
+        {
+            total += ticks;
+        }
+    }
+    Some(total)
+}
+
 /// utime + stime of a process, in clock ticks.
 fn process_ticks(pid: &str) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_ticks(std::path::Path::new(&format!("/proc/{pid}/stat")))
+}
+
+/// utime + stime from a `/proc` stat file (a process's or a thread's), in clock ticks.
+fn stat_ticks(path: &std::path::Path) -> Option<u64> {
+    let stat = std::fs::read_to_string(path).ok()?;
     // Fields after the command name (which may hold spaces) in parentheses.
     let rest = &stat[stat.rfind(')')? + 1..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
@@ -1763,6 +1804,17 @@ mod tests {
         assert_eq!(
             cpu_line(&gateway, None).as_deref(),
             Some("CPU per request, µs: gateway 285 (server 180, PostgreSQL 75, client 30)")
+        );
+        // The server's lineage threads, when measured, as part of the server's figure.
+        let with_lineage = PhaseResult {
+            server_background_cpu_secs: Some(0.4),
+            ..phase(10_000, Some(1.8), Some(0.75), Some(0.3))
+        };
+        assert_eq!(
+            cpu_line(&with_lineage, None).as_deref(),
+            Some(
+                "CPU per request, µs: gateway 285 (server 180 of which lineage 40, PostgreSQL 75, client 30)"
+            )
         );
         // Nothing answered, or a process not measured: no line rather than a wrong one.
         assert_eq!(
