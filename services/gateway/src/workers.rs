@@ -2,7 +2,9 @@
 //! drain) and the pool the batcher dispatches to.
 //!
 //! A batch sent to a worker that disconnects, fails it or stays silent past the timeout is
-//! reported lost and dispatched again elsewhere; decisions are recorded by the gateway only
+//! reported lost and dispatched again elsewhere; a worker silent past the timeout, or
+//! without a heartbeat or a message for [`LIVENESS`], is dropped from the pool (its other
+//! batches too; a live worker process connects again); decisions are recorded by the gateway only
 //! after a result arrives, so a lost batch can never produce a duplicate decision. A
 //! worker's result is checked before use: one score per trade in order, and a netting equal
 //! to the gateway's own (integer) computation.
@@ -10,7 +12,7 @@
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::Stream;
@@ -41,6 +43,10 @@ pub enum DispatchError {
 
 type Reply = oneshot::Sender<Result<BatchResult, String>>;
 
+/// A session heard from neither by heartbeat (workers send one every 5 s) nor by a message
+/// for this long is taken for dead.
+pub const LIVENESS: Duration = Duration::from_secs(15);
+
 struct Worker {
     id: String,
     device: String,
@@ -49,6 +55,14 @@ struct Worker {
     tx: Option<mpsc::Sender<Result<WorkAssignment, Status>>>,
     in_flight: HashMap<String, Reply>,
     draining: bool,
+    /// The last heartbeat or message from it (or its registration).
+    last_seen: Instant,
+}
+
+impl Worker {
+    fn alive(&self) -> bool {
+        self.last_seen.elapsed() < LIVENESS
+    }
 }
 
 #[derive(Default)]
@@ -68,12 +82,11 @@ impl WorkerPool {
         self.pool.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Whether a connected, non-draining worker holds `digest`.
+    /// Whether a connected, live, non-draining worker holds `digest`.
     pub fn serves(&self, digest: &str) -> bool {
-        self.lock()
-            .workers
-            .values()
-            .any(|w| w.tx.is_some() && !w.draining && w.digests.iter().any(|d| d == digest))
+        self.lock().workers.values().any(|w| {
+            w.tx.is_some() && !w.draining && w.alive() && w.digests.iter().any(|d| d == digest)
+        })
     }
 
     /// Connected workers: `(id, device)`.
@@ -97,6 +110,7 @@ impl WorkerPool {
         let digest = assignment.model_digest.clone();
         let (session, worker_id, tx, rx) = {
             let mut pool = self.lock();
+            pool.drop_silent();
             let chosen = pool
                 .workers
                 .iter_mut()
@@ -124,7 +138,9 @@ impl WorkerPool {
             }),
             Ok(Err(_)) => Err(DispatchError::Lost(worker_id)),
             Err(_) => {
-                self.forget(&session, &batch_id);
+                // Silent past the timeout: not sent more work. Its other batches are lost
+                // with it and go elsewhere; a live worker process connects again.
+                self.remove(&session, "did not answer a batch in time");
                 Err(DispatchError::Timeout(worker_id))
             }
         }
@@ -154,11 +170,40 @@ impl WorkerPool {
         }
     }
 
-    /// Drops a worker; its batches in flight are reported lost (their senders drop).
-    fn remove(&self, session: &str) {
-        if let Some(w) = self.lock().workers.remove(session) {
-            tracing::warn!(worker = %w.id, in_flight = w.in_flight.len(), "worker disconnected");
-            metrics::gauge!("aether_workers_connected").decrement(1.0);
+    /// Drops a worker; its batches in flight are reported lost (their senders drop), and
+    /// its work stream ends.
+    fn remove(&self, session: &str, why: &str) {
+        self.lock().remove(session, why);
+    }
+
+    /// Notes that the session was heard from.
+    fn seen(&self, session: &str) {
+        if let Some(w) = self.lock().workers.get_mut(session) {
+            w.last_seen = Instant::now();
+        }
+    }
+}
+
+impl Pool {
+    fn remove(&mut self, session: &str, why: &str) {
+        if let Some(w) = self.workers.remove(session) {
+            tracing::warn!(worker = %w.id, in_flight = w.in_flight.len(), why, "worker dropped");
+            if w.tx.is_some() {
+                metrics::gauge!("aether_workers_connected").decrement(1.0);
+            }
+        }
+    }
+
+    /// Drops the sessions not heard from for [`LIVENESS`].
+    fn drop_silent(&mut self) {
+        let silent: Vec<String> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| !w.alive())
+            .map(|(session, _)| session.clone())
+            .collect();
+        for session in silent {
+            self.remove(&session, "no heartbeat");
         }
     }
 }
@@ -218,6 +263,7 @@ impl WorkerService for WorkerServer {
                 tx: None,
                 in_flight: HashMap::new(),
                 draining: false,
+                last_seen: Instant::now(),
             },
         );
         Ok(Response::new(RegisterResponse { session_id }))
@@ -251,7 +297,11 @@ impl WorkerService for WorkerServer {
         let pool = self.pool.clone();
         tokio::spawn(async move {
             loop {
-                match inbound.message().await {
+                let message = inbound.message().await;
+                if let Ok(Some(_)) = &message {
+                    pool.seen(&session);
+                }
+                match message {
                     Ok(Some(WorkerMessage {
                         body: Some(Body::Result(result)),
                     })) => {
@@ -265,7 +315,7 @@ impl WorkerService for WorkerServer {
                     Ok(None) | Err(_) => break,
                 }
             }
-            pool.remove(&session);
+            pool.remove(&session, "its work stream ended");
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
@@ -275,7 +325,9 @@ impl WorkerService for WorkerServer {
         request: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatResponse>, Status> {
         let peer = require_worker(&request)?;
-        session_of(&self.pool, &peer, &request.get_ref().session_id)?;
+        let session = &request.get_ref().session_id;
+        session_of(&self.pool, &peer, session)?;
+        self.pool.seen(session);
         Ok(Response::new(HeartbeatResponse {}))
     }
 
@@ -299,5 +351,86 @@ impl WorkerService for WorkerServer {
         Ok(Response::new(DrainResponse {
             remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DIGEST: &str = "4e31";
+
+    /// A pool with one connected worker holding [`DIGEST`], last heard from `ago`; the
+    /// receiving end of its work stream.
+    fn pool_with_worker(
+        ago: Duration,
+    ) -> (WorkerPool, mpsc::Receiver<Result<WorkAssignment, Status>>) {
+        let pool = WorkerPool::default();
+        let (tx, rx) = mpsc::channel(16);
+        pool.lock().workers.insert(
+            "session-1".into(),
+            Worker {
+                id: "worker-1".into(),
+                device: "cpu".into(),
+                digests: vec![DIGEST.into()],
+                tx: Some(tx),
+                in_flight: HashMap::new(),
+                draining: false,
+                last_seen: Instant::now().checked_sub(ago).expect("a past instant"),
+            },
+        );
+        (pool, rx)
+    }
+
+    fn batch(id: &str) -> WorkAssignment {
+        WorkAssignment {
+            batch_id: id.into(),
+            model_digest: DIGEST.into(),
+            ..WorkAssignment::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_worker_silent_past_the_timeout_is_dropped_with_its_other_batches() {
+        let (pool, mut stream) = pool_with_worker(Duration::ZERO);
+        let long = tokio::spawn({
+            let pool = pool.clone();
+            async move { pool.dispatch(batch("b-1"), Duration::from_secs(60)).await }
+        });
+        // b-1 reached the worker before b-2 is sent.
+        assert_eq!(
+            stream.recv().await.expect("b-1").expect("ok").batch_id,
+            "b-1"
+        );
+        let short = pool.dispatch(batch("b-2"), Duration::from_millis(50)).await;
+        assert_eq!(short, Err(DispatchError::Timeout("worker-1".into())));
+        // b-1 is reported lost at once rather than after its own minute, so it can go to
+        // another worker; none is left here.
+        let long = tokio::time::timeout(Duration::from_secs(5), long)
+            .await
+            .expect("b-1 answered before its timeout")
+            .expect("task");
+        assert_eq!(long, Err(DispatchError::Lost("worker-1".into())));
+        assert!(pool.workers().is_empty());
+        assert!(!pool.serves(DIGEST));
+        // Its work stream ends once the last assignment is taken: the worker reconnects.
+        assert_eq!(
+            stream.recv().await.expect("b-2").expect("ok").batch_id,
+            "b-2"
+        );
+        assert!(stream.recv().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_worker_not_heard_from_for_the_liveness_period_gets_no_work() {
+        let (pool, mut stream) = pool_with_worker(LIVENESS + Duration::from_secs(1));
+        assert!(!pool.serves(DIGEST));
+        let answer = pool.dispatch(batch("b-1"), Duration::from_secs(60)).await;
+        assert_eq!(answer, Err(DispatchError::NoWorker(DIGEST.into())));
+        assert!(pool.workers().is_empty());
+        assert!(stream.recv().await.is_none());
+        // One heard from recently is served.
+        let (pool, _stream) = pool_with_worker(LIVENESS - Duration::from_secs(5));
+        assert!(pool.serves(DIGEST));
     }
 }
