@@ -233,6 +233,10 @@ impl WorkerProcess {
         let _ = self.0.wait();
     }
 
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
     /// Its exit status if it exits within `limit`; `None` while it runs.
     pub fn exit_within(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
         let deadline = std::time::Instant::now() + limit;

@@ -265,3 +265,73 @@ async fn a_worker_refused_for_good_exits_with_the_reason() {
     );
     assert!(server.terminate().success());
 }
+
+/// A worker that stops answering (here SIGSTOP: its connection stays open) holds a batch
+/// only until the gateway's batch timeout: the batch is decided once, by another worker,
+/// the silent one gets no more work, and when it runs again it connects anew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_worker_loses_its_batch_to_another_and_comes_back_when_it_runs_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &[("AETHER_NO_LOCAL_WORKERS", "true")]);
+    activate(&server).await;
+    aether_e2e::clearing::issue_worker_certificate(&data, "worker-2");
+    let silent = WorkerProcess::spawn(&server, &data, "worker-1", &[]);
+    let signal = |name: &str| {
+        let sent = std::process::Command::new("kill")
+            .args([name, &silent.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    };
+    signal("-STOP");
+    // The only worker is silent: the trade's batch goes to it.
+    let first = tokio::spawn({
+        let mut bank_a = client(&server, &data, "bank-a").await;
+        async move { bank_a.submit("req-held", &trade(40_000)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let _other = WorkerProcess::spawn(&server, &data, "worker-2", &[]);
+    // Past the batch timeout the batch goes to worker-2 and is decided once.
+    let answer = first.await.unwrap().unwrap();
+    assert_eq!(answer.decision, Decision::Cleared as i32, "{answer:?}");
+    let mut bank_a = client(&server, &data, "bank-a").await;
+    for n in 0..4 {
+        let answer = bank_a
+            .submit(&format!("req-{n}"), &trade(50_000))
+            .await
+            .unwrap();
+        assert_eq!(answer.decision, Decision::Cleared as i32, "{answer:?}");
+    }
+    let all = decisions(&server).await;
+    let by_worker: Vec<(&str, &str)> = all
+        .iter()
+        .map(|d| {
+            (
+                d["payload"]["request_id"].as_str().unwrap(),
+                d["payload"]["worker"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(all.len(), 5, "{by_worker:?}");
+    assert!(
+        by_worker.iter().all(|(_, worker)| *worker == "worker-2"),
+        "{by_worker:?}"
+    );
+    // Running again, it finds its work stream ended and connects anew.
+    signal("-CONT");
+    let log = data.with_extension("worker-1.log");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.matches("connected to the gateway").count() >= 2 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "worker-1 did not connect again:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(server.terminate().success());
+}
