@@ -2181,7 +2181,6 @@ where
     }
     let own = h.store.with_own_pool(2);
     let main = h.store.clone();
-    let opened_before = h.store.postgres_pool().map(|p| p.size());
     let seen = std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -2216,7 +2215,8 @@ where
             }
             live.await.unwrap();
             assert_eq!(own.read_all(1, 100).await.unwrap().len(), 5);
-            // Every connection its pool can hold (the 2 asked for), opened here.
+            // Every connection its pool can hold (the 2 asked for, not the first store's
+            // 8: a pool of its own), opened here.
             if let Some(pool) = own.postgres_pool() {
                 assert_eq!(pool.options().get_max_connections(), 2);
                 hold_every_connection(pool).await;
@@ -2240,9 +2240,8 @@ where
     }
     assert_eq!(h.store.read_all(1, 100).await.unwrap().len(), 8);
     assert_eq!(head_seq(&h.store).await, 8);
-    // None of them is in the first store's pool, which serves on as before.
+    // The first store's pool, which never held them, serves on as before.
     if let Some(pool) = h.store.postgres_pool() {
-        assert_eq!(Some(pool.size()), opened_before);
         hold_every_connection(pool).await;
     }
     let report = verify_store(&h.store, None, |_| {}).await.unwrap();
