@@ -170,6 +170,23 @@ pub fn issue_worker_certificate(data: &Path, id: &str) {
     );
 }
 
+/// `child`'s exit status if it exits within `limit`; `None` while it runs.
+pub fn exit_within(
+    child: &mut std::process::Child,
+    limit: Duration,
+) -> Option<std::process::ExitStatus> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("process status") {
+            return Some(status);
+        }
+        if std::time::Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A running `aether worker`, killed on drop.
 pub struct WorkerProcess(std::process::Child);
 
@@ -239,16 +256,7 @@ impl WorkerProcess {
 
     /// Its exit status if it exits within `limit`; `None` while it runs.
     pub fn exit_within(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
-        let deadline = std::time::Instant::now() + limit;
-        loop {
-            if let Some(status) = self.0.try_wait().expect("worker status") {
-                return Some(status);
-            }
-            if std::time::Instant::now() >= deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        exit_within(&mut self.0, limit)
     }
 }
 

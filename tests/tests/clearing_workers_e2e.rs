@@ -244,16 +244,10 @@ async fn a_worker_refused_for_good_exits_with_the_reason() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = worker.try_wait().unwrap() {
-            break status;
-        }
-        if std::time::Instant::now() >= deadline {
-            let _ = worker.kill();
-            panic!("a worker with a member's certificate kept retrying");
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    let Some(status) = aether_e2e::clearing::exit_within(&mut worker, Duration::from_secs(30))
+    else {
+        let _ = worker.kill();
+        panic!("a worker with a member's certificate kept retrying");
     };
     assert!(!status.success());
     let mut stderr = String::new();

@@ -1574,9 +1574,9 @@ impl CpuSnapshot {
 }
 
 /// utime + stime of the server's background threads (`aether-background`, which
-/// `/proc` cuts to 15 bytes), in clock ticks.
+/// `/proc` cuts to 15 bytes), in clock ticks; `None` for a server without them.
 fn background_ticks(pid: u32) -> Option<u64> {
-    let mut total = 0;
+    let mut total = None;
     for entry in std::fs::read_dir(format!("/proc/{pid}/task"))
         .ok()?
         .flatten()
@@ -1585,10 +1585,10 @@ fn background_ticks(pid: u32) -> Option<u64> {
         if comm.trim_end() == "aether-backgrou"
             && let Some(ticks) = stat_ticks(&entry.path().join("stat"))
         {
-            total += ticks;
+            *total.get_or_insert(0) += ticks;
         }
     }
-    Some(total)
+    total
 }
 
 /// utime + stime of a process, in clock ticks.
