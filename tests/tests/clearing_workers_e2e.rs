@@ -329,3 +329,33 @@ async fn a_silent_worker_loses_its_batch_to_another_and_comes_back_when_it_runs_
     }
     assert!(server.terminate().success());
 }
+
+/// SIGTERM drains a worker: no new batches, and the one it holds is answered by it before
+/// it exits (with no other worker, a batch it dropped could not be decided at all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_worker_answers_the_batch_it_holds_before_it_exits() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &[("AETHER_NO_LOCAL_WORKERS", "true")]);
+    activate(&server).await;
+    let mut worker = WorkerProcess::start(&server, &data, "worker-1", 1_500);
+    let pending = tokio::spawn({
+        let mut bank_a = client(&server, &data, "bank-a").await;
+        async move { bank_a.submit("req-draining", &trade(30_000)).await }
+    });
+    // The batch is with the worker (answered after 1.5 s) when it is told to stop.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &worker.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let answer = pending.await.unwrap().unwrap();
+    assert_eq!(answer.decision, Decision::Cleared as i32, "{answer:?}");
+    let status = worker.exit_within(Duration::from_secs(30));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    let all = decisions(&server).await;
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0]["payload"]["worker"], "worker-1");
+    assert!(server.terminate().success());
+}

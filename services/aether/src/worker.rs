@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use aether_gateway::certs::PkiLayout;
@@ -145,6 +146,9 @@ fn refused_for_good(error: &anyhow::Error) -> bool {
     })
 }
 
+/// Longest a draining worker waits for the batches it holds.
+const DRAIN_LIMIT: Duration = Duration::from_secs(30);
+
 /// The first pause before connecting again, and the longest.
 const RECONNECT_FIRST: Duration = Duration::from_millis(250);
 const RECONNECT_MAX: Duration = Duration::from_secs(10);
@@ -215,16 +219,20 @@ async fn session(
     println!("aether worker {} connected ({device_name})", args.id);
     tracing::info!(worker = %args.id, %session_id, "connected to the gateway");
 
+    // Batches taken and not yet answered: reported with each heartbeat, waited for on
+    // drain.
+    let in_flight = Arc::new(AtomicU32::new(0));
     let heartbeat = {
         let mut client = client.clone();
         let session_id = session_id.clone();
+        let in_flight = Arc::clone(&in_flight);
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_secs(5)).await;
                 if client
                     .heartbeat(HeartbeatRequest {
                         session_id: session_id.clone(),
-                        in_flight: 0,
+                        in_flight: in_flight.load(Ordering::Relaxed),
                     })
                     .await
                     .is_err()
@@ -242,19 +250,31 @@ async fn session(
                 Ok(Some(assignment)) => {
                     let tx = tx.clone();
                     let models = models.to_vec();
+                    let in_flight = Arc::clone(&in_flight);
+                    in_flight.fetch_add(1, Ordering::Relaxed);
                     tokio::spawn(async move {
                         if !delay.is_zero() {
                             tokio::time::sleep(delay).await;
                         }
                         let _ = tx.send(score(&models, assignment).await).await;
+                        in_flight.fetch_sub(1, Ordering::Relaxed);
                     });
                 }
                 Ok(None) => return Ok(Ended::Closed),
                 Err(status) => anyhow::bail!("the work stream failed: {status}"),
             },
             _ = stop.wait_for(|stop| *stop) => {
+                // No new batches; the ones taken are answered before the worker goes
+                // (up to DRAIN_LIMIT), so the gateway need not send them elsewhere.
                 let left = client.drain(DrainRequest { session_id: session_id.clone() }).await?;
                 tracing::info!(remaining = left.into_inner().remaining, "draining");
+                let deadline = tokio::time::Instant::now() + DRAIN_LIMIT;
+                while in_flight.load(Ordering::Relaxed) > 0
+                    && tokio::time::Instant::now() < deadline
+                {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                // The last answers leave before the stream is dropped with the session.
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 return Ok(Ended::Stopped);
             }
