@@ -250,8 +250,13 @@ impl WorkerProcess {
         let _ = self.0.wait();
     }
 
-    pub fn pid(&self) -> u32 {
-        self.0.id()
+    /// Sends it a signal by name (`-STOP`, `-CONT`, `-TERM`), as `kill` does.
+    pub fn signal(&self, name: &str) {
+        let sent = std::process::Command::new("kill")
+            .args([name, &self.0.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(sent.success(), "kill {name} failed");
     }
 
     /// Its exit status if it exits within `limit`; `None` while it runs.

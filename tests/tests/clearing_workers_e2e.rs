@@ -271,14 +271,7 @@ async fn a_silent_worker_loses_its_batch_to_another_and_comes_back_when_it_runs_
     activate(&server).await;
     aether_e2e::clearing::issue_worker_certificate(&data, "worker-2");
     let silent = WorkerProcess::spawn(&server, &data, "worker-1", &[]);
-    let signal = |name: &str| {
-        let sent = std::process::Command::new("kill")
-            .args([name, &silent.pid().to_string()])
-            .status()
-            .unwrap();
-        assert!(sent.success());
-    };
-    signal("-STOP");
+    silent.signal("-STOP");
     // The only worker is silent: the trade's batch goes to it.
     let first = tokio::spawn({
         let mut bank_a = client(&server, &data, "bank-a").await;
@@ -313,7 +306,7 @@ async fn a_silent_worker_loses_its_batch_to_another_and_comes_back_when_it_runs_
         "{by_worker:?}"
     );
     // Running again, it finds its work stream ended and connects anew.
-    signal("-CONT");
+    silent.signal("-CONT");
     let log = data.with_extension("worker-1.log");
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
@@ -345,11 +338,7 @@ async fn a_draining_worker_answers_the_batch_it_holds_before_it_exits() {
     });
     // The batch is with the worker (answered after 1.5 s) when it is told to stop.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let sent = std::process::Command::new("kill")
-        .args(["-TERM", &worker.pid().to_string()])
-        .status()
-        .unwrap();
-    assert!(sent.success());
+    worker.signal("-TERM");
     let answer = pending.await.unwrap().unwrap();
     assert_eq!(answer.decision, Decision::Cleared as i32, "{answer:?}");
     let status = worker.exit_within(Duration::from_secs(30));
