@@ -11,14 +11,31 @@ use aether_e2e::clearing::{
     WorkerProcess, activate, activate_with_model_uri, client, decisions, events_of_type, trade,
 };
 use aether_gateway::client::ClientError;
-use aether_gateway::pb::v1::Decision;
+use aether_gateway::pb::v1::{ClearingAnswer, Decision};
 use aether_gpu_worker::reference::REFERENCE_MODEL_DIGEST;
+
+/// A gateway that only remote workers serve (`--no-local-workers`), on `data`.
+fn gateway_without_local_workers(data: &std::path::Path) -> Server {
+    Server::start(data, &[("AETHER_NO_LOCAL_WORKERS", "true")])
+}
+
+/// Submits one trade as bank-a on a task of its own, for a test that acts on the workers
+/// while the trade's batch is with one.
+async fn submit_meanwhile(
+    server: &Server,
+    data: &std::path::Path,
+    request_id: &'static str,
+    amount_minor: i64,
+) -> tokio::task::JoinHandle<Result<ClearingAnswer, ClientError>> {
+    let mut bank_a = client(server, data, "bank-a").await;
+    tokio::spawn(async move { bank_a.submit(request_id, &trade(amount_minor)).await })
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_without_local_workers_never_reads_the_model_file() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let server = Server::start(&data, &[("AETHER_NO_LOCAL_WORKERS", "true")]);
+    let server = gateway_without_local_workers(&data);
     // An artifact the gateway cannot read: only the worker holds the model.
     activate_with_model_uri(&server, "s3://aether-models/reference/model.safetensors").await;
     let mut bank_a = client(&server, &data, "bank-a").await;
@@ -230,7 +247,7 @@ async fn a_worker_connects_again_when_its_gateway_restarts() {
 async fn a_worker_refused_for_good_exits_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let server = Server::start(&data, &[("AETHER_NO_LOCAL_WORKERS", "true")]);
+    let server = gateway_without_local_workers(&data);
     let certs = data.join("certs");
     let path = |name: &str| certs.join(name).to_str().unwrap().to_owned();
     let mut worker = std::process::Command::new(aether_e2e::aether_bin())
@@ -267,16 +284,13 @@ async fn a_worker_refused_for_good_exits_with_the_reason() {
 async fn a_silent_worker_loses_its_batch_to_another_and_comes_back_when_it_runs_again() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let server = Server::start(&data, &[("AETHER_NO_LOCAL_WORKERS", "true")]);
+    let server = gateway_without_local_workers(&data);
     activate(&server).await;
     aether_e2e::clearing::issue_worker_certificate(&data, "worker-2");
     let silent = WorkerProcess::spawn(&server, &data, "worker-1", &[]);
     silent.signal("-STOP");
     // The only worker is silent: the trade's batch goes to it.
-    let first = tokio::spawn({
-        let mut bank_a = client(&server, &data, "bank-a").await;
-        async move { bank_a.submit("req-held", &trade(40_000)).await }
-    });
+    let first = submit_meanwhile(&server, &data, "req-held", 40_000).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let _other = WorkerProcess::spawn(&server, &data, "worker-2", &[]);
     // Past the batch timeout the batch goes to worker-2 and is decided once.
@@ -329,13 +343,10 @@ async fn a_silent_worker_loses_its_batch_to_another_and_comes_back_when_it_runs_
 async fn a_draining_worker_answers_the_batch_it_holds_before_it_exits() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let server = Server::start(&data, &[("AETHER_NO_LOCAL_WORKERS", "true")]);
+    let server = gateway_without_local_workers(&data);
     activate(&server).await;
     let mut worker = WorkerProcess::start(&server, &data, "worker-1", 1_500);
-    let pending = tokio::spawn({
-        let mut bank_a = client(&server, &data, "bank-a").await;
-        async move { bank_a.submit("req-draining", &trade(30_000)).await }
-    });
+    let pending = submit_meanwhile(&server, &data, "req-draining", 30_000).await;
     // The batch is with the worker (answered after 1.5 s) when it is told to stop.
     tokio::time::sleep(Duration::from_millis(500)).await;
     worker.signal("-TERM");
