@@ -35,7 +35,7 @@
 //! The event and facet types are those of `openlineage-client` (its delivery client is not
 //! used: its `emit` drops events when its queue is full, which a compliance record may never
 //! do). Every event produced validates against the OpenLineage 2-0-2 spec and the facet
-//! schemas it names; the tests check that against the spec files in `shared/`.
+//! schemas it names; the tests check that against the vendored spec files in `schemas/openlineage/`.
 
 /// `$body` with `$pool` bound to the store's PostgreSQL or SQLite pool (each a type of its
 /// own, so the body is compiled for both), `$time` to how that database stores a time

@@ -1,5 +1,5 @@
 //! Ledger events as OpenLineage run events, checked against the OpenLineage 2-0-2 spec files
-//! in `shared/` and the `aether_ledger` facet's own schema, with no network.
+//! vendored in `schemas/openlineage/` and the `aether_ledger` facet's own schema, with no network.
 
 mod support;
 

@@ -54,8 +54,8 @@ async fn regulator_queries_are_proven_and_recorded() {
             .post(server.url("/v1/events"))
             .bearer_auth(OPERATOR_TOKEN)
             .json(&json!({
-                "stream_id": format!("clearing/{member}"),
-                "events": [{"event_type": "ClearingDecided", "payload": {"n": n},
+                "stream_id": format!("trades/{member}"),
+                "events": [{"event_type": "TradeBooked", "payload": {"n": n},
                             "metadata": {"member": member, "trace_id": format!("t-{n}")}}]
             }))
             .send()
@@ -227,8 +227,8 @@ async fn personal_data_is_shown_to_regulators_and_erased_on_redaction() {
         .post(server.url("/v1/events"))
         .bearer_auth(OPERATOR_TOKEN)
         .json(&json!({
-            "stream_id": "clearing/m-7",
-            "events": [{"event_type": "ClearingDecided", "payload": {"amount_minor": 10},
+            "stream_id": "trades/m-7",
+            "events": [{"event_type": "TradeBooked", "payload": {"amount_minor": 10},
                         "personal": {"beneficiary": "Ada Lovelace"}}]
         }))
         .send()
@@ -290,7 +290,7 @@ async fn an_exported_bundle_verifies_offline_and_a_changed_byte_fails() {
             .post(server.url("/v1/events"))
             .bearer_auth(OPERATOR_TOKEN)
             .json(
-                &json!({"stream_id": "clearing/m-3", "events": [{"event_type": "ClearingDecided",
+                &json!({"stream_id": "trades/m-3", "events": [{"event_type": "TradeBooked",
                    "payload": {"n": n, "decision": "cleared"}, "metadata": {"member": "m-3"}}]}),
             )
             .send()
@@ -493,18 +493,14 @@ async fn state_as_of_scenario(database_url: Option<&str>) {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
-    // A committed snapshot (as the coordinator will write it) is in force from then on.
-    let resp: Value = post(
-        "/v1/events".into(),
-        json!({"stream_id": "snapshot", "events": [{"event_type": "SnapshotCommitted",
-            "payload": {"id": "snap-1", "rules_digest": "00", "gateway_digest": "00", "rag_digest": "00"}}]}),
-    )
-    .await
-    .unwrap()
-    .json()
-    .await
-    .unwrap();
-    let snapshot_seq = resp["committed"][0]["seq"].as_u64().unwrap();
+    // A committed snapshot (the coordinator's) is in force from then on.
+    let resp: Value = post("/v1/snapshots".into(), json!({}))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let snapshot_seq = resp["seq"].as_u64().unwrap();
     moments.push(live_moment(&server).await);
     let distinct: std::collections::HashSet<&String> = moments.iter().map(|m| &m.1).collect();
     assert_eq!(
@@ -716,12 +712,12 @@ async fn state_as_of_scenario(database_url: Option<&str>) {
 async fn append_events(server: &Server, from: u64, to: u64) {
     for start in (from..to).step_by(50) {
         let events: Vec<Value> = (start..to.min(start + 50))
-            .map(|n| json!({"event_type": "ClearingDecided", "payload": {"n": n}}))
+            .map(|n| json!({"event_type": "TradeBooked", "payload": {"n": n}}))
             .collect();
         let resp = http()
             .post(server.url("/v1/events"))
             .bearer_auth(OPERATOR_TOKEN)
-            .json(&json!({"stream_id": "clearing/m-1", "events": events}))
+            .json(&json!({"stream_id": "trades/m-1", "events": events}))
             .send()
             .await
             .unwrap();

@@ -17,7 +17,7 @@ async fn the_cli_exports_a_bundle_that_verifies_offline() {
             .post(server.url("/v1/events"))
             .bearer_auth(OPERATOR_TOKEN)
             .json(
-                &json!({"stream_id": "clearing/m-3", "events": [{"event_type": "ClearingDecided",
+                &json!({"stream_id": "trades/m-3", "events": [{"event_type": "TradeBooked",
                    "payload": {"n": n}, "metadata": {"member": "m-3"}}]}),
             )
             .send()

@@ -8,14 +8,16 @@ use std::path::Path;
 use aether_e2e::clearing::{WorkerProcess, activate, client, decisions, get, trade};
 use aether_e2e::{OPERATOR_TOKEN, REGULATOR_TOKEN, Server, http};
 use aether_gateway::certs::PkiLayout;
-use aether_gateway::client::ClientError;
+use aether_gateway::client::{ClientError, ItemOutcome};
 use aether_gateway::envelope::{
     Aad, Direction, KEY_HEADER, Sm4Key, encode_wrapped_key, seal, unix_now, wrap_key,
 };
 use aether_gateway::identity::Role;
 use aether_gateway::pb::v1::clearing_service_client::ClearingServiceClient;
-use aether_gateway::pb::v1::{ClearingAnswer, ClearingRequest, Decision, SealedRequest};
-use aether_gateway::service::METHOD_SUBMIT;
+use aether_gateway::pb::v1::{
+    ClearingAnswer, ClearingRequest, Decision, SealedBatchRequest, SealedRequest,
+};
+use aether_gateway::service::{METHOD_SUBMIT, METHOD_SUBMIT_BATCH, METHOD_SUBMIT_STREAM};
 use aether_gateway::tls::{TlsPaths, client_tls_config};
 use aether_gpu_worker::reference::{REFERENCE_MODEL_DIGEST, REFERENCE_MODEL_REF};
 use prost::Message;
@@ -201,6 +203,63 @@ async fn trades_are_cleared_over_mtls_with_envelopes_and_every_decision_is_on_th
     assert!(again.replayed);
     assert_eq!(again.receipt.unwrap().seq, receipt.seq);
     assert_eq!(decisions(&server).await.len(), before);
+    // A different trade under a used request id is refused, naming the original decision;
+    // nothing is recorded (after the restart below, from the ledger too).
+    let refused = |r: Result<ClearingAnswer, ClientError>| match r {
+        Err(ClientError::Status { code, message }) => (code, message),
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    let (code, message) = refused(bank_a.submit("req-1", &trade(125_001)).await);
+    assert_eq!(code, tonic::Code::AlreadyExists, "{message}");
+    assert!(
+        message.contains(&format!("already decided (ledger seq {})", receipt.seq)),
+        "{message}"
+    );
+    assert!(message.contains("for a different trade"), "{message}");
+    assert_eq!(decisions(&server).await.len(), before);
+
+    // gRPC trace ids are W3C trace-ids, as the proto says: anything else is refused, and
+    // a valid one is the receipt's.
+    let mut coloured = trade(1_000);
+    for bad in [
+        "NOT-A-TRACE-ID",
+        "4BF92F3577B34DA6A3CE929D0E0E4736",
+        "00000000000000000000000000000000",
+    ] {
+        coloured.trace_id = bad.into();
+        let (code, message) = refused(bank_a.submit("req-trace", &coloured).await);
+        assert_eq!(code, tonic::Code::InvalidArgument, "{message}");
+        assert!(
+            message.contains("trace_id must be 32 lowercase hex digits"),
+            "{message}"
+        );
+    }
+    coloured.trace_id = "4bf92f3577b34da6a3ce929d0e0e4736".into();
+    let answer = bank_a.submit("req-trace", &coloured).await.unwrap();
+    assert_eq!(
+        answer.receipt.unwrap().trace_id,
+        "4bf92f3577b34da6a3ce929d0e0e4736"
+    );
+
+    // A NUL in one member's request id is refused on its own: the other members' trades
+    // decided at the same time (sharing lookups and batches with it) all succeed.
+    let before = decisions(&server).await.len();
+    let mut others = Vec::new();
+    for n in 0..24 {
+        let mut bank_b = client(&server, &data, "bank-b").await;
+        others.push(tokio::spawn(async move {
+            bank_b
+                .submit(&format!("nul-neighbour-{n}"), &trade(2_000 + n))
+                .await
+        }));
+    }
+    let (code, message) = refused(bank_a.submit("req-\u{0}-nul", &trade(1_000)).await);
+    assert_eq!(code, tonic::Code::InvalidArgument, "{message}");
+    assert!(message.contains("request_id"), "{message}");
+    for other in others {
+        other.await.unwrap().unwrap();
+    }
+    assert_eq!(decisions(&server).await.len(), before + 24);
 
     // mTLS: a worker certificate may not clear; a member may not speak for another.
     let mut worker = raw(&server, &data, Role::Worker, "worker-1").await;
@@ -267,12 +326,24 @@ async fn trades_are_cleared_over_mtls_with_envelopes_and_every_decision_is_on_th
     let again = bank_a.submit("req-2", &trade(25_000_000)).await.unwrap();
     assert!(again.replayed);
     assert_eq!(again.decision, Decision::HeldForReview as i32);
+    match bank_a.submit("req-2", &trade(25_000_001)).await {
+        Err(ClientError::Status { code, message }) => {
+            assert_eq!(code, tonic::Code::AlreadyExists, "{message}");
+        }
+        other => panic!("expected ALREADY_EXISTS, got {other:?}"),
+    }
     let all = decisions(&server).await;
     let ids: Vec<&str> = all
         .iter()
         .map(|e| e["metadata"]["request_id"].as_str().unwrap())
         .collect();
-    assert_eq!(ids, ["req-1", "req-2", "req-replay"]);
+    let neighbours: Vec<String> = (0..24).map(|n| format!("nul-neighbour-{n}")).collect();
+    let mut expected: Vec<&str> = vec!["req-1", "req-2", "req-trace", "req-replay"];
+    expected.extend(neighbours.iter().map(String::as_str));
+    let mut ids = ids;
+    ids.sort_unstable();
+    expected.sort_unstable();
+    assert_eq!(ids, expected);
     assert!(server.terminate().success());
 }
 
@@ -311,6 +382,172 @@ async fn a_batch_on_a_worker_killed_mid_batch_goes_to_another_and_is_decided_onc
 }
 
 /// `(request id, trade)` pairs for the batch and stream calls.
+/// The decisions of a batch or stream whose every item must have been decided.
+fn decided(outcomes: Vec<ItemOutcome>) -> Vec<ClearingAnswer> {
+    outcomes
+        .into_iter()
+        .map(|o| o.answer.unwrap_or_else(|e| panic!("{}: {e}", o.request_id)))
+        .collect()
+}
+
+/// Items sealed by hand under one per-request key (its header returned) for `method`;
+/// those marked forged have a flipped ciphertext byte, as a tampering client would send.
+fn sealed_items(data: &Path, method: &str, items: &[(&str, bool)]) -> (Vec<SealedRequest>, String) {
+    let pem = std::fs::read_to_string(data.join("keys/envelope.pub.pem")).unwrap();
+    let server_key = sm2::PublicKey::from_public_key_pem(&pem).unwrap();
+    let key = Sm4Key::generate().unwrap();
+    let header = encode_wrapped_key(&wrap_key(&server_key, &key).unwrap());
+    let requests = items
+        .iter()
+        .enumerate()
+        .map(|(n, (request_id, forged))| {
+            let issued_at = unix_now();
+            let aad = Aad {
+                direction: Direction::Request,
+                method,
+                request_id,
+                member_id: "bank-a",
+                key_id: "",
+                issued_at,
+            };
+            let body = trade(50_000 + n as i64).encode_to_vec();
+            let mut s = seal(&key, &aad, &body).unwrap();
+            if *forged {
+                s.ciphertext[2] ^= 0x40;
+            }
+            SealedRequest {
+                member_id: "bank-a".into(),
+                request_id: (*request_id).into(),
+                key_id: String::new(),
+                nonce: s.nonce.to_vec(),
+                ciphertext: s.ciphertext,
+                issued_at,
+            }
+        })
+        .collect();
+    (requests, header)
+}
+
+/// One forged item of a batch or a stream, first or last, is refused on its own with its
+/// status; the valid items beside it are decided, answered and on the ledger, and the call
+/// itself succeeds: no decision is recorded that its member cannot see.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_bad_item_of_a_batch_or_stream_is_refused_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &[]);
+    activate(&server).await;
+    let mut raw_a = raw(&server, &data, Role::Member, "bank-a").await;
+    let orders: [[(&str, bool); 3]; 2] = [
+        [
+            ("valid-first", false),
+            ("valid-second", false),
+            ("forged-last", true),
+        ],
+        [
+            ("forged-first", true),
+            ("valid-third", false),
+            ("valid-fourth", false),
+        ],
+    ];
+    let mut decided_ids = Vec::new();
+    for (round, items) in orders.iter().enumerate() {
+        // SubmitBatch: one response per item, in order.
+        let batch_items: Vec<(String, bool)> = items
+            .iter()
+            .map(|(id, f)| (format!("batch-{round}-{id}"), *f))
+            .collect();
+        let named: Vec<(&str, bool)> = batch_items
+            .iter()
+            .map(|(id, f)| (id.as_str(), *f))
+            .collect();
+        let (requests, header) = sealed_items(&data, METHOD_SUBMIT_BATCH, &named);
+        let mut call = tonic::Request::new(SealedBatchRequest { requests });
+        call.metadata_mut()
+            .insert(KEY_HEADER, header.parse().unwrap());
+        let responses = raw_a
+            .submit_batch(call)
+            .await
+            .unwrap()
+            .into_inner()
+            .responses;
+        assert_eq!(responses.len(), 3);
+        for ((id, forged), response) in named.iter().zip(&responses) {
+            assert_eq!(response.request_id, *id);
+            match (&response.error, forged) {
+                (Some(e), true) => {
+                    assert_eq!(e.code, tonic::Code::Unauthenticated as i32, "{e:?}");
+                    assert!(response.ciphertext.is_empty());
+                }
+                (None, false) => {
+                    assert!(!response.ciphertext.is_empty());
+                    decided_ids.push(id.to_string());
+                }
+                other => panic!("{id}: {other:?}"),
+            }
+        }
+        // SubmitStream: every item answered, the forged one with its error; the stream
+        // ends normally.
+        let stream_items: Vec<(String, bool)> = items
+            .iter()
+            .map(|(id, f)| (format!("stream-{round}-{id}"), *f))
+            .collect();
+        let named: Vec<(&str, bool)> = stream_items
+            .iter()
+            .map(|(id, f)| (id.as_str(), *f))
+            .collect();
+        let (requests, header) = sealed_items(&data, METHOD_SUBMIT_STREAM, &named);
+        let mut call = tonic::Request::new(futures::stream::iter(requests));
+        call.metadata_mut()
+            .insert(KEY_HEADER, header.parse().unwrap());
+        let mut responses = raw_a.submit_stream(call).await.unwrap().into_inner();
+        let mut answered = Vec::new();
+        while let Some(response) = responses.message().await.unwrap() {
+            let forged = named
+                .iter()
+                .find(|(id, _)| *id == response.request_id)
+                .unwrap()
+                .1;
+            assert_eq!(response.error.is_some(), forged, "{response:?}");
+            if let Some(e) = &response.error {
+                assert_eq!(e.code, tonic::Code::Unauthenticated as i32, "{e:?}");
+            } else {
+                decided_ids.push(response.request_id.clone());
+            }
+            answered.push(response.request_id);
+        }
+        answered.sort();
+        let mut sent: Vec<String> = named.iter().map(|(id, _)| id.to_string()).collect();
+        sent.sort();
+        assert_eq!(answered, sent);
+    }
+    // Exactly the answered decisions are on the ledger, and nothing for the forged items.
+    let mut recorded: Vec<String> = decisions(&server)
+        .await
+        .iter()
+        .map(|e| e["metadata"]["request_id"].as_str().unwrap().to_owned())
+        .collect();
+    recorded.sort();
+    decided_ids.sort();
+    assert_eq!(recorded, decided_ids);
+    assert_eq!(recorded.len(), 8);
+
+    // An item in another member's name makes the batch untrustworthy: refused whole,
+    // before anything is decided.
+    let (mut requests, header) = sealed_items(
+        &data,
+        METHOD_SUBMIT_BATCH,
+        &[("mixed-1", false), ("mixed-2", false)],
+    );
+    requests[1].member_id = "bank-b".into();
+    let mut call = tonic::Request::new(SealedBatchRequest { requests });
+    call.metadata_mut()
+        .insert(KEY_HEADER, header.parse().unwrap());
+    let status = raw_a.submit_batch(call).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+    assert_eq!(decisions(&server).await.len(), 8);
+}
+
 fn numbered(prefix: &str, n: i64) -> Vec<(String, ClearingRequest)> {
     (0..n)
         .map(|i| (format!("{prefix}-{i}"), trade(100_000 + i * 1_000)))
@@ -347,7 +584,7 @@ async fn batches_and_streams_are_decided_and_replayed_like_single_trades() {
     let mut bank_a = client(&server, &data, "bank-a").await;
     bank_a.key_exchange().await.unwrap();
     let batch = numbered("batch", 6);
-    let answers = bank_a.submit_batch(&refs(&batch)).await.unwrap();
+    let answers = decided(bank_a.submit_batch(&refs(&batch)).await.unwrap());
     let ids: Vec<&str> = answers.iter().map(|a| a.request_id.as_str()).collect();
     assert_eq!(
         ids,
@@ -359,7 +596,7 @@ async fn batches_and_streams_are_decided_and_replayed_like_single_trades() {
     assert_eq!(decisions(&server).await.len(), 6);
 
     // The same batch again: the original decisions, nothing new on the ledger.
-    let again = bank_a.submit_batch(&refs(&batch)).await.unwrap();
+    let again = decided(bank_a.submit_batch(&refs(&batch)).await.unwrap());
     assert!(again.iter().all(|a| a.replayed), "{again:?}");
     let receipts = |a: &[ClearingAnswer]| a.iter().map(|a| a.receipt.clone()).collect::<Vec<_>>();
     assert_eq!(receipts(&again), receipts(&answers));
@@ -370,7 +607,7 @@ async fn batches_and_streams_are_decided_and_replayed_like_single_trades() {
     let mut bank_b = client(&server, &data, "bank-b").await;
     let n = aether_gateway::service::MAX_STREAM_IN_FLIGHT as i64 + 44;
     let streamed = numbered("stream", n);
-    let answers = bank_b.submit_stream(&refs(&streamed)).await.unwrap();
+    let answers = decided(bank_b.submit_stream(&refs(&streamed)).await.unwrap());
     let mut ids: Vec<&str> = answers.iter().map(|a| a.request_id.as_str()).collect();
     ids.sort_unstable();
     let mut sent: Vec<&str> = streamed.iter().map(|(id, _)| id.as_str()).collect();
@@ -380,21 +617,36 @@ async fn batches_and_streams_are_decided_and_replayed_like_single_trades() {
     check_receipts(&server, "bank-b", &answers).await;
     assert_eq!(decisions(&server).await.len(), 6 + streamed.len());
     let recorded = head(&server).await;
-    let again = bank_b.submit_stream(&refs(&streamed)).await.unwrap();
+    let again = decided(bank_b.submit_stream(&refs(&streamed)).await.unwrap());
     assert_eq!(again.len(), streamed.len());
     assert!(again.iter().all(|a| a.replayed), "{again:?}");
     assert_eq!(head(&server).await, recorded);
 
-    // A trade the gateway refuses ends the stream with its status and records nothing.
+    // A trade the gateway refuses gets its own status; the stream goes on to the next.
     let mut bad = trade(5_000);
     bad.trade.as_mut().unwrap().counterparty_tier = 9;
-    match bank_b.submit_stream(&[("stream-bad", &bad)]).await {
+    let good = trade(5_001);
+    let outcomes = bank_b
+        .submit_stream(&[("stream-bad", &bad), ("stream-good", &good)])
+        .await
+        .unwrap();
+    let bad_outcome = outcomes
+        .iter()
+        .find(|o| o.request_id == "stream-bad")
+        .unwrap();
+    match &bad_outcome.answer {
         Err(ClientError::Status { code, message }) => {
-            assert_eq!(code, tonic::Code::InvalidArgument, "{message}");
+            assert_eq!(*code, tonic::Code::InvalidArgument, "{message}");
             assert!(message.contains("counterparty_tier"), "{message}");
         }
         other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
     }
+    let good_outcome = outcomes
+        .iter()
+        .find(|o| o.request_id == "stream-good")
+        .unwrap();
+    assert!(good_outcome.answer.is_ok(), "{good_outcome:?}");
+    let recorded = head(&server).await;
     // So does an oversized batch, before anything is decided.
     let oversized = numbered("oversized", 1_001);
     match bank_a.submit_batch(&refs(&oversized)).await {
@@ -446,9 +698,18 @@ async fn the_one_line_client_submits_replays_and_explains_refusals() {
     assert_eq!(held["rules_fired"][0], "aml_v2/reporting-threshold");
     // The same request id again: the original decision, nothing new recorded.
     let before = decisions(&server).await.len();
-    let again = answer(&submit(&["--request-id", "cli-1", "--amount-minor", "999"]));
+    let again = answer(&submit(&["--request-id", "cli-1"]));
     assert_eq!(again["replayed"], true);
     assert_eq!(again["receipt"]["seq"], seq);
+    assert_eq!(decisions(&server).await.len(), before);
+    // The same request id with another trade: refused, naming the original decision.
+    let other = submit(&["--request-id", "cli-1", "--amount-minor", "999"]);
+    assert!(!other.status.success());
+    let stderr = String::from_utf8_lossy(&other.stderr);
+    assert!(
+        stderr.contains("AlreadyExists") && stderr.contains(&format!("ledger seq {seq}")),
+        "{stderr}"
+    );
     assert_eq!(decisions(&server).await.len(), before);
 
     // Refusals: a negative amount reaches the gateway and is refused there; a member

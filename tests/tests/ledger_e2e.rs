@@ -18,7 +18,7 @@ async fn append(client: &reqwest::Client, server_url: &str, stream: &str, n: u64
     let body = json!({
         "stream_id": stream,
         "events": [{
-            "event_type": "ClearingDecided",
+            "event_type": "TradeBooked",
             "payload": {"request_id": format!("req-{n}"), "amount_minor": n, "decision": "cleared", "pad": "x".repeat(400)},
             "metadata": {"actor": "e2e", "trace_id": format!("trace-{n}")}
         }]
@@ -47,7 +47,7 @@ fn load(server_url: String, clients: u64, acked: Acked) -> Vec<tokio::task::Join
                 let mut failures = 0;
                 for i in 0.. {
                     let n = c * 1_000_000 + i;
-                    match append(&client, &url, &format!("clearing/member-{}", c % 5), n).await {
+                    match append(&client, &url, &format!("trades/member-{}", c % 5), n).await {
                         Some(v) => {
                             for e in v["committed"].as_array().into_iter().flatten() {
                                 acked.lock().unwrap().insert(
@@ -138,7 +138,7 @@ async fn crash_and_recover(env: &[(&str, &str)]) {
     // It keeps appending on the same chain after the restart (the restarted checkpointer
     // may sign the uncovered tail first, so the new seq is at least the next one).
     let client = http();
-    let v = append(&client, &server.base_url, "clearing/member-9", 42)
+    let v = append(&client, &server.base_url, "trades/member-9", 42)
         .await
         .unwrap();
     let seq = v["committed"][0]["seq"].as_u64().unwrap();
@@ -293,7 +293,7 @@ async fn verify_names_the_seq_an_offline_edit_changed() {
     let server = Server::start(&data, &[]);
     let client = http();
     for n in 0..12 {
-        append(&client, &server.base_url, "engine/sgp-region", n)
+        append(&client, &server.base_url, "notes/sgp-region", n)
             .await
             .unwrap();
     }
@@ -354,6 +354,12 @@ async fn http_api_refuses_bad_requests_precisely_and_writes_nothing() {
             {"stream_id": "a", "events": [{"event_type": "E", "payload": {}}]},
             {"stream_id": "b", "expected_version": "stream_exists", "events": [{"event_type": "E", "payload": {}}]}
         ]}).to_string(), Some(OPERATOR_TOKEN), 409, "expected stream exists, actual 0"),
+        // Values the database would store changed are refused before they are hashed.
+        (r#"{"stream_id": "a", "events": [{"event_type": "E", "schema_version": 2147483648, "payload": {}}]}"#.into(), Some(OPERATOR_TOKEN), 422, "schema_version 2147483648 is out of range"),
+        (r#"{"stream_id": "a", "events": [{"event_type": "E", "payload": {"n": 18446744073709551616}}]}"#.into(), Some(OPERATOR_TOKEN), 422, "at $.n cannot be represented exactly"),
+        (r#"{"stream_id": "a", "events": [{"event_type": "E", "payload": {"n": 1e16}}]}"#.into(), Some(OPERATOR_TOKEN), 422, "at $.n cannot be represented exactly"),
+        (r#"{"stream_id": "a", "events": [{"event_type": "E", "payload": {}, "metadata": {"request_id": "a\u0000"}}]}"#.into(), Some(OPERATOR_TOKEN), 422, "metadata text at $.request_id contains U+0000"),
+        (r#"{"stream_id": "a", "events": [{"event_type": "E", "payload": {"x": {"$personal": "NOT-HEX"}}}]}"#.into(), Some(OPERATOR_TOKEN), 422, "\"$personal\" member"),
     ];
     for (body, token, status, detail) in cases {
         let resp = post(body.clone(), token).await.unwrap();

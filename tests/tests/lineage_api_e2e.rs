@@ -13,6 +13,8 @@ use serde_json::{Value, json};
 const MODEL: &str = "finmoe-7b-v3@sgp-region";
 const ARTIFACT_NS: &str = "s3://aether-models";
 const ARTIFACT: &str = "finmoe-7b-v3/model.safetensors";
+/// The artifact's SM3 digest, as the training job and the registration both name it.
+const DIGEST: &str = "a1f3c5e7a1f3c5e7a1f3c5e7a1f3c5e7a1f3c5e7a1f3c5e7a1f3c5e7a1f3c5e7";
 const FEATURES_RUN: &str = "0192f0c4-7a35-7b8e-9c1d-2e3f4a5b6c01";
 const TRAIN_RUN: &str = "0192f0c4-7a35-7b8e-9c1d-2e3f4a5b6c02";
 const PRODUCER: &str = "https://bank.test/feature-platform";
@@ -77,7 +79,7 @@ fn pipeline(features_at: DateTime<Utc>, train_at: DateTime<Utc>) -> Value {
             TRAIN_RUN,
             ("ml", "train_finmoe"),
             vec![dataset("s3://features", "trades_v1", None)],
-            vec![dataset(ARTIFACT_NS, ARTIFACT, Some("artifact-sm3-1"))]
+            vec![dataset(ARTIFACT_NS, ARTIFACT, Some(DIGEST))]
         ),
     ])
 }
@@ -157,19 +159,19 @@ async fn scenario(env: &[(&str, &str)]) {
 
     // Aether registers the model whose artifact the training job wrote.
     let registered: Value = http()
-        .post(server.url("/v1/events"))
+        .post(server.url("/v1/models"))
         .bearer_auth(OPERATOR_TOKEN)
-        .json(&json!({"stream_id": format!("model/{MODEL}"), "events": [{
-            "event_type": "ModelRegistered",
-            "payload": { "model_ref": MODEL, "artifact_uri": format!("{ARTIFACT_NS}/{ARTIFACT}"),
-                         "digest": "artifact-sm3-1" }}]}))
+        .json(
+            &json!({"ref": MODEL, "uri": format!("{ARTIFACT_NS}/{ARTIFACT}"),
+                      "digest": DIGEST, "feature_schema": {"amount_minor": "i64"}}),
+        )
         .send()
         .await
         .unwrap()
         .json()
         .await
         .unwrap();
-    let seq = registered["committed"][0]["seq"].as_u64().unwrap();
+    let seq = registered["event"]["seq"].as_u64().unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     let own_run = loop {
         let (status, record) = api
@@ -294,10 +296,7 @@ async fn scenario(env: &[(&str, &str)]) {
         json!([{ "origin": "job:ml:train_finmoe", "destination": artifact_node }])
     );
     assert_eq!(node(&graph, &model_node)["type"], "DATASET");
-    assert_eq!(
-        node(&graph, &model_node)["data"]["currentVersion"],
-        "artifact-sm3-1"
-    );
+    assert_eq!(node(&graph, &model_node)["data"]["currentVersion"], DIGEST);
 
     // Namespaces, jobs, datasets, versions, runs and events say what was recorded.
     let namespaces = api.read("/api/v1/namespaces", &[]).await;
@@ -355,7 +354,7 @@ async fn scenario(env: &[(&str, &str)]) {
         1,
         "{versions}"
     );
-    assert_eq!(versions["versions"][0]["version"], "artifact-sm3-1");
+    assert_eq!(versions["versions"][0]["version"], DIGEST);
     assert_eq!(versions["versions"][0]["createdByRun"]["id"], TRAIN_RUN);
     let (status, _) = api
         .get(

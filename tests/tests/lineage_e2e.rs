@@ -11,7 +11,7 @@ async fn append(server: &Server, n: u64) -> u64 {
         .post(server.url("/v1/events"))
         .bearer_auth(OPERATOR_TOKEN)
         .json(
-            &json!({"stream_id": "clearing/m-1", "events": [{"event_type": "ClearingDecided",
+            &json!({"stream_id": "trades/m-1", "events": [{"event_type": "TradeBooked",
                "payload": {"n": n}, "metadata": {"trace_id": format!("t-{n}")}}]}),
         )
         .send()
@@ -52,10 +52,16 @@ async fn every_event_gets_an_openlineage_record_even_across_a_crash() {
     // Through its environment variable (`--openlineage-file` is the same setting).
     let file_env = [("AETHER_OPENLINEAGE_FILE", jsonl.to_str().unwrap())];
     let server = Server::start(&data, &file_env);
-    let mut last = 0;
     for n in 0..5 {
-        last = append(&server, n).await;
+        append(&server, n).await;
     }
+    // The last event is a real clearing decision (its stream and type are the gateway's).
+    aether_e2e::clearing::activate(&server).await;
+    let mut bank_a = aether_e2e::clearing::client(&server, &data, "bank-a").await;
+    let mut request = aether_e2e::clearing::trade(125_000);
+    request.trace_id = "4bf92f3577b34da6a3ce929d0e0e4736".into();
+    let answer = bank_a.submit("lineage-1", &request).await.unwrap();
+    let mut last = answer.receipt.as_ref().unwrap().seq;
     let r = wait_for_record(&server, last).await;
     let event = &r["openlineage_event"];
     assert_eq!(event["job"]["namespace"], "aether");
@@ -63,7 +69,7 @@ async fn every_event_gets_an_openlineage_record_even_across_a_crash() {
     assert_eq!(r["run_id"], event["run"]["runId"]);
     let facet = &event["run"]["facets"]["aether_ledger"];
     assert_eq!(facet["seq"], last);
-    assert_eq!(facet["trace_id"], "t-4");
+    assert_eq!(facet["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
     // Both Delta tables that hold the decision are named, each at the version whose commit
     // (in that table's own log) covers its seq.
     for table in ["events", "clearing_decisions"] {

@@ -28,19 +28,19 @@ pub const BASE: &str = "https://aether.bank.test/lineage-schemas";
 /// The root of the OpenLineage spec and its `$id`.
 pub const OPENLINEAGE_ID: &str = "https://openlineage.io/spec/2-0-2/OpenLineage.json";
 
-/// `<repo>/../shared/openlineage-spec`: shared/ sits beside the repository, here and in CI.
+/// The OpenLineage spec files vendored in the repository (`lineage/schemas/openlineage`):
+/// no test reads outside the repository, so a clone anywhere passes on its own.
 pub fn spec_dir() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/openlineage-spec");
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("schemas/openlineage");
     assert!(
         dir.join("OpenLineage.json").is_file(),
-        "the OpenLineage spec files are missing: expected {}/OpenLineage.json \
-         (shared/ must sit beside the repository checkout)",
+        "the vendored OpenLineage spec is missing: expected {}/OpenLineage.json",
         dir.display()
     );
     dir
 }
 
-/// The OpenLineage spec (as the crate embeds it, checked equal to the files in `shared/`)
+/// The OpenLineage spec (as the crate embeds it from the vendored files)
 /// and the custom facet's schema, resolved offline.
 pub struct Spec {
     schemas: OpenLineageSchemas,

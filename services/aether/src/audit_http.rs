@@ -22,6 +22,8 @@ use crate::http::{AppState, Problem, authorize, parse_u64};
 
 /// Stream of access records.
 pub const ACCESS_STREAM: &str = "access/audit";
+/// The type of an access record.
+pub const ACCESS_EVENT_TYPE: &str = "AuditQueried";
 /// Largest page of events one audit query returns.
 const MAX_PAGE: u64 = 1000;
 
@@ -119,8 +121,11 @@ pub(crate) async fn record_access(
     what: &str,
     details: Value,
 ) -> Result<(), Problem> {
-    let event = NewEvent::new("AuditQueried", json!({ "query": what, "details": details }))
-        .with_metadata(json!({ "actor": auditor.actor, "trace_id": auditor.trace_id }));
+    let event = NewEvent::new(
+        ACCESS_EVENT_TYPE,
+        json!({ "query": what, "details": details }),
+    )
+    .with_metadata(json!({ "actor": auditor.actor, "trace_id": auditor.trace_id }));
     state
         .store
         .append(ACCESS_STREAM, ExpectedVersion::Any, vec![event])

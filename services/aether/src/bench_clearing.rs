@@ -971,6 +971,7 @@ fn echo(sealed: SealedRequest, answer_len: usize) -> SealedResponse {
         nonce: sealed.nonce,
         ciphertext,
         issued_at: sealed.issued_at,
+        error: None,
     }
 }
 

@@ -511,9 +511,10 @@ fn parse_append(body: &[u8]) -> Result<Vec<AppendToStream>, Problem> {
 
 /// `POST /v1/events` (operator): appends and answers once committed.
 #[utoipa::path(post, path = "/v1/events", tag = "ledger",
-    description = "Appends events to one or several streams atomically, with expected versions; answers once committed. Role: operator.",
+    description = "Appends events to one or several streams atomically, with expected versions; answers once committed. Role: operator. The system's own streams (`ledger/`, `access/`, `clearing/`, `netting`, `worker/`, `engine/`, `model/`, `policy/`, `policy-rejections`, `corpus/`, `corpus-rejections`, `rollout/`, `analysis/`, `snapshot`, `lineage/`, `cluster/`) and event types (`CheckpointSigned`, `ClearingDecided`, `AuditQueried`, the control plane's ...) are refused with 403: each is written only by the component that owns it.",
     request_body(content = serde_json::Value, description = "`{stream_id, expected_version, events: [{event_type, payload, metadata}]}` or a list of them"),
     responses((status = 201, description = "`{committed: [{seq, stream_id, stream_version, event_id, hash, recorded_at}]}`", body = serde_json::Value),
+              (status = 403, description = "A reserved stream or event type; nothing was appended"),
               (status = 409, description = "A stream is not at the expected version; nothing was appended"),
               (status = 422, description = "An invalid event; nothing was appended")))]
 async fn append_events(
@@ -523,6 +524,17 @@ async fn append_events(
 ) -> Result<Response, Problem> {
     let caller = authorize(&state, &headers, &[Role::Operator])?;
     let appends = parse_append(&body)?;
+    for append in &appends {
+        for event in &append.events {
+            if let Some(why) = crate::reserved::refusal(&append.stream_id, &event.event_type) {
+                return Err(Problem::new(
+                    StatusCode::FORBIDDEN,
+                    "Reserved namespace",
+                    why,
+                ));
+            }
+        }
+    }
     let committed = state.store.append_multi(appends).await?;
     tracing::debug!(actor = %caller.actor, events = committed.len(), "appended over HTTP");
     Ok((

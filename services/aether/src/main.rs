@@ -16,6 +16,7 @@ mod http;
 mod lineage_api;
 mod model;
 mod openapi;
+mod reserved;
 mod rollout_supervisor;
 mod serve;
 mod snapshot_http;
@@ -25,7 +26,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use aether_ledger::checkpoint::{CheckpointVerifier, PUBLIC_KEY_FILE};
-use aether_ledger::{EventStore, StoreConfig, redact_url, verify_store};
+use aether_ledger::{EventStore, StoreConfig, redact_url};
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
 
@@ -200,6 +201,11 @@ struct VerifyArgs {
     /// Trusted checkpoint public key (PEM). Default: `<data>/keys/checkpoint-sm2.pub.pem`.
     #[arg(long, env = "AETHER_CHECKPOINT_PUBLIC_KEY")]
     public_key: Option<PathBuf>,
+    /// A tree head you already trust, `TREE_SIZE:ROOT_HASH` (from an evidence bundle's
+    /// anchor checkpoint, or one kept from an earlier verify): fails unless the ledger still
+    /// holds those events with that root, so removed newest events are caught.
+    #[arg(long, value_name = "TREE_SIZE:ROOT_HASH")]
+    since_checkpoint: Option<aether_ledger::TrustedAnchor>,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -364,7 +370,11 @@ async fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let started = std::time::Instant::now();
-    let report = verify_store(&store, trusted, |n| bar.set_position(n)).await?;
+    let report =
+        aether_ledger::verify_store_anchored(&store, trusted, args.since_checkpoint, |n| {
+            bar.set_position(n)
+        })
+        .await?;
     bar.finish_and_clear();
     store.shutdown().await;
     let elapsed = started.elapsed();

@@ -56,6 +56,71 @@ pub struct ServeArgs {
     pub audit: crate::audit_decisions::AuditArgs,
 }
 
+/// Every file the service creates is readable by its own user only (0600, directories
+/// 0700): the ledger, its WAL, the Merkle file, the Delta tables and the OpenLineage records
+/// hold personal data and the trail regulators rely on. SQLite, delta-rs and the rest create
+/// their files with the process's umask, so it is set once here, before any of them runs.
+fn keep_files_private() {
+    // SAFETY: umask only swaps the process's file-creation mask; it cannot fail.
+    unsafe {
+        libc::umask(0o077);
+    }
+}
+
+/// Gives the data directory mode 0700, so that files an older version created with wider
+/// modes inside it are out of other users' reach too.
+fn make_private(dir: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(dir)
+        .with_context(|| format!("cannot read {}", dir.display()))?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).with_context(
+            || {
+                format!(
+                    "cannot make data directory {} private (0700)",
+                    dir.display()
+                )
+            },
+        )?;
+        tracing::warn!(dir = %dir.display(), was = %format!("{:o}", mode & 0o777), "data directory was readable by others; now 0700");
+    }
+    Ok(())
+}
+
+/// Before anything is written (no checkpoint signed, no relay started): the ledger's head
+/// must not be behind what this node already saw of it: the Merkle log file's event hashes,
+/// the Delta `events` table's last seq, and every subscriber's stored position (the
+/// OpenLineage and Delta relays'). A ledger whose newest events were deleted would
+/// otherwise be extended over the gap, re-using those seqs, and signed as if nothing happened.
+async fn refuse_a_ledger_behind_its_witnesses(
+    store: &EventStore,
+    data_dir: &std::path::Path,
+) -> anyhow::Result<()> {
+    let merkle_file = data_dir.join("merkle").join("event-hashes");
+    let mut witnesses = vec![(
+        format!("the Merkle log file {}", merkle_file.display()),
+        MerkleLog::recorded_events(&merkle_file)
+            .with_context(|| format!("cannot open the Merkle log at {}", merkle_file.display()))?,
+    )];
+    let delta = data_dir.join("delta").join("events");
+    if delta.join("_delta_log").is_dir() {
+        let sink = aether_lineage::delta::DeltaSink::open_or_create(&delta)
+            .await
+            .with_context(|| format!("cannot open the Delta table {}", delta.display()))?;
+        witnesses.push((
+            format!("the Delta table {}", delta.display()),
+            sink.last_seq(),
+        ));
+    }
+    store
+        .ensure_not_behind(witnesses)
+        .await
+        .context("refusing to start")?;
+    Ok(())
+}
+
 /// Connections of the background runtime's pool: one each for the two relays, the
 /// HTTP transport and the Merkle log follower.
 const BACKGROUND_CONNECTIONS: u32 = 4;
@@ -63,12 +128,14 @@ const BACKGROUND_CONNECTIONS: u32 = 4;
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     crate::init_logging();
     crate::clearing::check_worker_device(&args.clearing)?;
+    keep_files_private();
     std::fs::create_dir_all(&args.ledger.data_dir).with_context(|| {
         format!(
             "cannot create data directory {}",
             args.ledger.data_dir.display()
         )
     })?;
+    make_private(&args.ledger.data_dir)?;
     // Held until `run` returns; the kernel releases it when the process dies, however.
     let _data_dir_lock = lock_data_dir(&args.ledger.data_dir)?;
     let metrics = PrometheusBuilder::new()
@@ -83,6 +150,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let store = EventStore::connect(&args.ledger.url(), config)
         .await
         .with_context(|| format!("cannot open the ledger at {}", args.ledger.describe()))?;
+    refuse_a_ledger_behind_its_witnesses(&store, &args.ledger.data_dir).await?;
 
     let signer = match &args.checkpoint_key {
         Some(path) => CheckpointSigner::from_pem_file(path)?,

@@ -106,6 +106,9 @@ pub struct Answer {
     pub receipt: Receipt,
     /// True when this is the answer to an earlier submission with the same request id.
     pub replayed: bool,
+    /// [`trade_digest`] of the trade this answer decided (empty for decisions recorded
+    /// before digests were): a repeat of the request id must carry the same trade.
+    pub trade_digest: String,
 }
 
 /// Why a submission got no decision; nothing was recorded for it.
@@ -123,6 +126,15 @@ pub enum ClearError {
     Worker(String),
     #[error("the ledger refused the decision: {0}")]
     Ledger(String),
+    #[error(
+        "request id {request_id:?} was already decided (ledger seq {seq}) for a different trade: that trade's digest is {original}, this one's {submitted}; nothing was recorded. Use a new request id for a new trade"
+    )]
+    RequestIdReused {
+        request_id: String,
+        seq: u64,
+        original: String,
+        submitted: String,
+    },
 }
 
 /// Gateway settings.
@@ -332,12 +344,18 @@ impl ClearingGateway {
         ClearingGateway { inner }
     }
 
-    /// Clears one submission; see the module docs for the guarantees.
+    /// Clears one submission; see the module docs for the guarantees. The submission is
+    /// checked whole before anything is looked up or batched: a malformed one (a NUL in
+    /// its request id, say) never reaches a query or a batch that other members share.
     pub async fn clear(&self, submission: Submission) -> Result<Answer, ClearError> {
+        let trade = validate(&submission)?;
+        check_trace_id(&submission.colouring.trace_id)?;
+        let digest = trade_digest(&trade);
         let key: RequestKey =
             Arc::new((submission.member_id.clone(), submission.request_id.clone()));
-        if let Some(answer) = self.lock_recent().map.get(&key) {
-            return Ok(replayed(Answer::clone(answer)));
+        let recent = self.lock_recent().map.get(&key).cloned();
+        if let Some(answer) = recent {
+            return same_trade(Answer::clone(&answer), &digest).map(replayed);
         }
         let cell = {
             let mut in_flight = self
@@ -351,7 +369,11 @@ impl ClearingGateway {
         let result = cell
             .get_or_init(|| {
                 ran = true;
-                async { self.decide_once(submission).await.map(Arc::new) }
+                async {
+                    self.decide_once(submission, trade, &digest)
+                        .await
+                        .map(Arc::new)
+                }
             })
             .await;
         if ran {
@@ -366,11 +388,9 @@ impl ClearingGateway {
                 .remove(&key);
             result.as_deref().cloned().map_err(Clone::clone)
         } else {
-            result
-                .as_deref()
-                .cloned()
-                .map(replayed)
-                .map_err(Clone::clone)
+            // The same request id in flight: this caller's trade must be that one's.
+            let answer = result.as_deref().cloned().map_err(Clone::clone)?;
+            same_trade(answer, &digest).map(replayed)
         }
     }
 
@@ -383,22 +403,31 @@ impl ClearingGateway {
 
     /// The first submission of a request id: the ledger may still know it from before a
     /// restart; otherwise decide.
-    async fn decide_once(&self, submission: Submission) -> Result<Answer, ClearError> {
+    async fn decide_once(
+        &self,
+        submission: Submission,
+        trade: Trade,
+        digest: &str,
+    ) -> Result<Answer, ClearError> {
         if let Some(answer) = self
             .inner
             .lookups
             .recorded(&submission.member_id, &submission.request_id)
             .await?
         {
-            return Ok(replayed(answer));
+            return same_trade(answer, digest).map(replayed);
         }
-        self.decide(submission).await
+        self.decide(submission, trade, digest).await
     }
 
-    async fn decide(&self, s: Submission) -> Result<Answer, ClearError> {
+    async fn decide(
+        &self,
+        s: Submission,
+        trade: Trade,
+        digest: &str,
+    ) -> Result<Answer, ClearError> {
         let started = Instant::now();
         let now = Utc::now();
-        let trade = validate(&s)?;
         let route = self.route(&s.request_id, &s.colouring.model_stage)?;
         let origin = origin_of(&s, &route)?;
         let observed = self.observed(&route);
@@ -471,6 +500,7 @@ impl ClearingGateway {
             json!({
                 "request_id": s.request_id,
                 "member": s.member_id,
+                "trade_digest": digest,
                 // buyer and seller: personal, sealed in place below.
                 "trade": {
                     "instrument": trade.instrument,
@@ -553,6 +583,7 @@ impl ClearingGateway {
                 trace_id: origin.trace_id,
             },
             replayed: false,
+            trade_digest: digest.to_owned(),
         })
     }
 
@@ -770,6 +801,63 @@ fn replayed(mut answer: Answer) -> Answer {
     answer
 }
 
+/// The earlier answer to a request id, if it decided the same trade; a different trade
+/// under a used request id is refused, never answered with the other trade's decision.
+fn same_trade(answer: Answer, digest: &str) -> Result<Answer, ClearError> {
+    if answer.trade_digest.is_empty() || answer.trade_digest == digest {
+        return Ok(answer);
+    }
+    Err(ClearError::RequestIdReused {
+        request_id: answer.request_id,
+        seq: answer.receipt.seq,
+        original: answer.trade_digest,
+        submitted: digest.to_owned(),
+    })
+}
+
+/// SM3 over `aether.trade.v1` and the RFC 8785 text of the trade as submitted (parties,
+/// instrument, currency, amount as a decimal string, value date, jurisdiction, tier), in
+/// lowercase hex: what tells a repeat of a request from a different trade under its id.
+pub fn trade_digest(t: &Trade) -> String {
+    let doc = json!({
+        "buyer": t.buyer,
+        "seller": t.seller,
+        "instrument": t.instrument,
+        "currency": t.currency,
+        "amount_minor": t.amount_minor.to_string(),
+        "value_date": t.value_date.to_string(),
+        "jurisdiction": t.jurisdiction,
+        "counterparty_tier": t.counterparty_tier,
+    });
+    let mut bytes = b"aether.trade.v1".to_vec();
+    bytes.extend_from_slice(canonical_json(&doc).unwrap_or_default().as_bytes());
+    to_hex(&sm3(&bytes))
+}
+
+/// A gRPC caller's trace id is a W3C trace-id, as `clearing.proto` defines it: 32
+/// lowercase hex digits, not all zero (empty: the gateway makes one). It is echoed in the
+/// receipt, so anything else would be a receipt that breaks the documented shape.
+fn check_trace_id(trace_id: &str) -> Result<(), ClearError> {
+    let ok = trace_id.is_empty()
+        || (trace_id.len() == 32
+            && trace_id
+                .bytes()
+                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+            && trace_id.bytes().any(|b| b != b'0'));
+    if ok {
+        Ok(())
+    } else {
+        let shown: String = trace_id
+            .chars()
+            .take(64)
+            .flat_map(char::escape_debug)
+            .collect();
+        Err(ClearError::InvalidColouring(format!(
+            "trace_id must be 32 lowercase hex digits, not all zero (a W3C trace-id), or empty; got \"{shown}\""
+        )))
+    }
+}
+
 fn decision_label(d: Decision) -> &'static str {
     match d {
         Decision::Cleared => "cleared",
@@ -937,6 +1025,7 @@ pub fn answer_of(event: &RecordedEvent) -> Option<Answer> {
             trace_id: meta["trace_id"].as_str().unwrap_or_default().to_owned(),
         },
         replayed: false,
+        trade_digest: p["trade_digest"].as_str().unwrap_or_default().to_owned(),
     })
 }
 

@@ -130,12 +130,13 @@ impl ClearingClient {
     }
 
     /// Submits several trades in one call (at most [`crate::service::MAX_BATCH_REQUESTS`]);
-    /// the answers come in the order of `trades`. All or error: on an error, the trades
-    /// decided before it are on the ledger and a resubmission returns them as replays.
+    /// the outcomes come in the order of `trades`, each a decision or that item's own
+    /// refusal (nothing recorded for it). An `Err` for the whole call means nothing was
+    /// decided.
     pub async fn submit_batch(
         &mut self,
         trades: &[(&str, &ClearingRequest)],
-    ) -> Result<Vec<ClearingAnswer>, ClientError> {
+    ) -> Result<Vec<ItemOutcome>, ClientError> {
         let key = self.call_key()?;
         let requests = self.seal_all(&key, METHOD_SUBMIT_BATCH, trades)?;
         let responses = self
@@ -151,19 +152,25 @@ impl ClearingClient {
                 trades.len()
             )));
         }
-        trades
+        Ok(trades
             .iter()
             .zip(&responses)
-            .map(|((id, _), response)| self.open(&key, METHOD_SUBMIT_BATCH, id, response))
-            .collect()
+            .map(|((id, _), response)| ItemOutcome {
+                request_id: (*id).to_owned(),
+                answer: self.outcome(&key, METHOD_SUBMIT_BATCH, id, response),
+            })
+            .collect())
     }
 
-    /// Sends the trades on one `SubmitStream` and collects their answers, which come in
-    /// the order they were decided. A failed trade ends the stream with its status.
+    /// Sends the trades on one `SubmitStream` and collects their outcomes, in the order
+    /// they were decided: a decision or that item's own refusal. An `Err` is the stream's
+    /// end with a status (a transport failure, or an item in another member's name) or an
+    /// answer that does not belong; the outcomes received before it are in the error's
+    /// place only when every trade got one.
     pub async fn submit_stream(
         &mut self,
         trades: &[(&str, &ClearingRequest)],
-    ) -> Result<Vec<ClearingAnswer>, ClientError> {
+    ) -> Result<Vec<ItemOutcome>, ClientError> {
         let key = self.call_key()?;
         let requests = self.seal_all(&key, METHOD_SUBMIT_STREAM, trades)?;
         let mut responses = self
@@ -173,7 +180,7 @@ impl ClearingClient {
             .into_inner();
         let mut unanswered: std::collections::HashSet<&str> =
             trades.iter().map(|(id, _)| *id).collect();
-        let mut answers = Vec::with_capacity(trades.len());
+        let mut outcomes = Vec::with_capacity(trades.len());
         while let Some(response) = responses.message().await? {
             if !unanswered.remove(response.request_id.as_str()) {
                 return Err(ClientError::Answer(format!(
@@ -181,7 +188,10 @@ impl ClearingClient {
                     response.request_id
                 )));
             }
-            answers.push(self.open(&key, METHOD_SUBMIT_STREAM, &response.request_id, &response)?);
+            outcomes.push(ItemOutcome {
+                answer: self.outcome(&key, METHOD_SUBMIT_STREAM, &response.request_id, &response),
+                request_id: response.request_id,
+            });
         }
         if !unanswered.is_empty() {
             return Err(ClientError::Answer(format!(
@@ -189,7 +199,24 @@ impl ClearingClient {
                 unanswered.len()
             )));
         }
-        Ok(answers)
+        Ok(outcomes)
+    }
+
+    /// One batch or stream item's outcome: its own refusal, or its sealed answer opened.
+    fn outcome(
+        &self,
+        key: &CallKey,
+        method: &str,
+        request_id: &str,
+        response: &SealedResponse,
+    ) -> Result<ClearingAnswer, ClientError> {
+        match &response.error {
+            Some(e) => Err(ClientError::Status {
+                code: tonic::Code::from_i32(e.code),
+                message: e.message.clone(),
+            }),
+            None => self.open(key, method, request_id, response),
+        }
     }
 
     /// The key for one call: the session key, or a fresh one wrapped for the header.
@@ -270,6 +297,13 @@ impl ClearingClient {
         )?;
         ClearingAnswer::decode(plaintext.as_slice()).map_err(|e| ClientError::Answer(e.to_string()))
     }
+}
+
+/// One item of a batch or stream: its request id and its decision, or why it got none.
+#[derive(Debug)]
+pub struct ItemOutcome {
+    pub request_id: String,
+    pub answer: Result<ClearingAnswer, ClientError>,
 }
 
 /// The key one call is sealed with, and the header that carries it when it is per request.

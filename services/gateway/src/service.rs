@@ -144,6 +144,7 @@ impl ClearingServer {
             nonce: out.nonce.to_vec(),
             ciphertext: out.ciphertext,
             issued_at,
+            error: None,
         })
     }
 }
@@ -190,10 +191,23 @@ fn clear_status(e: ClearError) -> Status {
         ClearError::NoEngine(_) => Status::failed_precondition(e.to_string()),
         ClearError::Overloaded(_) => Status::resource_exhausted(e.to_string()),
         ClearError::Worker(_) => Status::unavailable(e.to_string()),
+        ClearError::RequestIdReused { .. } => Status::already_exists(e.to_string()),
         ClearError::Ledger(_) => {
             tracing::error!(error = %e, "a decision could not be recorded");
             Status::unavailable(e.to_string())
         }
+    }
+}
+
+/// One batch or stream item that got no decision: its status, in place of a sealed answer.
+fn item_error(request_id: String, status: &Status) -> SealedResponse {
+    SealedResponse {
+        request_id,
+        error: Some(pb::ItemError {
+            code: status.code() as i32,
+            message: status.message().to_owned(),
+        }),
+        ..SealedResponse::default()
     }
 }
 
@@ -261,8 +275,9 @@ impl ClearingService for ClearingServer {
         Ok(Response::new(answer))
     }
 
-    /// All or error: the first failure is the call's status. Trades decided before it
-    /// are on the ledger; resubmitting the batch returns them as replays.
+    /// Every item gets its own outcome: a decision or its own error. The call fails as a
+    /// whole only before anything is decided (too many items, or an item in another
+    /// member's name), so no recorded decision is ever lost with a failed call.
     async fn submit_batch(
         &self,
         request: Request<SealedBatchRequest>,
@@ -276,20 +291,26 @@ impl ClearingService for ClearingServer {
                 requests.len()
             )));
         }
-        let answers = futures::future::join_all(
-            requests
-                .into_iter()
-                .map(|r| self.one(&peer, METHOD_SUBMIT_BATCH, header.as_deref(), r)),
-        )
+        for r in &requests {
+            peer.authorize_member(&r.member_id)?;
+        }
+        let answers = futures::future::join_all(requests.into_iter().map(|r| async {
+            let request_id = r.request_id.clone();
+            self.one(&peer, METHOD_SUBMIT_BATCH, header.as_deref(), r)
+                .await
+                .unwrap_or_else(|status| item_error(request_id, &status))
+        }))
         .await;
-        let responses = answers.into_iter().collect::<Result<Vec<_>, _>>()?;
-        Ok(Response::new(SealedBatchResponse { responses }))
+        Ok(Response::new(SealedBatchResponse { responses: answers }))
     }
 
     type SubmitStreamStream = AnswerStream;
 
-    /// Answers in completion order; a failed request ends the stream with its status. At
-    /// most [`MAX_STREAM_IN_FLIGHT`] requests of one stream are decided at once.
+    /// Answers in completion order; an item that gets no decision is answered with its own
+    /// error and the stream goes on. An item in another member's name (the connection
+    /// cannot be trusted) or a transport failure ends the stream with that status, after
+    /// the items already being decided are answered. At most [`MAX_STREAM_IN_FLIGHT`]
+    /// requests of one stream are decided at once.
     async fn submit_stream(
         &self,
         request: Request<Streaming<SealedRequest>>,
@@ -301,14 +322,20 @@ impl ClearingService for ClearingServer {
         let server = self.clone();
         tokio::spawn(async move {
             let mut tasks = tokio::task::JoinSet::new();
+            let mut ending: Option<Status> = None;
             loop {
                 tokio::select! {
                     // At the bound, stop reading: HTTP/2 flow control then holds the member.
                     message = inbound.message(), if tasks.len() < MAX_STREAM_IN_FLIGHT => match message {
                         Ok(Some(sealed)) => {
+                            if let Err(status) = peer.authorize_member(&sealed.member_id) {
+                                ending = Some(status);
+                                break;
+                            }
                             let (server, peer, header, tx) =
                                 (server.clone(), peer.clone(), header.clone(), tx.clone());
                             tasks.spawn(async move {
+                                let request_id = sealed.request_id.clone();
                                 // Boxed: the task then holds a pointer, not the whole
                                 // pipeline's state, which spawning copied more than once.
                                 let answer = Box::pin(server.one(
@@ -317,20 +344,25 @@ impl ClearingService for ClearingServer {
                                     header.as_deref(),
                                     sealed,
                                 ))
-                                .await;
-                                let _ = tx.send(answer).await;
+                                .await
+                                .unwrap_or_else(|status| item_error(request_id, &status));
+                                let _ = tx.send(Ok(answer)).await;
                             });
                         }
                         Ok(None) => break,
                         Err(status) => {
-                            let _ = tx.send(Err(status)).await;
+                            ending = Some(status);
                             break;
                         }
                     },
                     Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
                 }
             }
+            // Every item being decided is answered before a status ends the stream.
             while tasks.join_next().await.is_some() {}
+            if let Some(status) = ending {
+                let _ = tx.send(Err(status)).await;
+            }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }

@@ -45,6 +45,7 @@ impl ClearingService for WhoAmI {
             nonce: Vec::new(),
             ciphertext: peer.to_string().into_bytes(),
             issued_at: 0,
+            error: None,
         }))
     }
 

@@ -36,6 +36,17 @@ pub enum LedgerError {
         number: String,
     },
 
+    #[error("{field} text at {path} contains U+0000, which the ledger's databases cannot store")]
+    UnstorableText { field: &'static str, path: String },
+
+    #[error("schema_version {schema_version} is out of range: the ledger stores 0 to 2147483647")]
+    SchemaVersionOutOfRange { schema_version: u32 },
+
+    #[error(
+        "payload object at {path} has a \"$personal\" member: that name is reserved for the ledger's commitments to personal values; send personal values in \"personal\""
+    )]
+    ImitatedPlaceholder { path: String },
+
     #[error("payload member {member:?} is given both as a public and as a personal field")]
     PersonalConflict { member: String },
 
@@ -84,6 +95,15 @@ pub enum LedgerError {
     #[error("stored event at seq {seq} is unreadable: {reason}")]
     CorruptRow { seq: i64, reason: String },
 
+    #[error(
+        "the ledger ends at seq {head}, but {witness} has already seen seq {seen}: its newest events were deleted, or it was restored from an older backup; nothing was written. Run `aether verify --since-checkpoint` with a checkpoint you trust, and restore the missing events, or (if the restore was intended) move that witness aside"
+    )]
+    Truncated {
+        head: u64,
+        witness: String,
+        seen: u64,
+    },
+
     #[error("the Merkle log's file: {0}")]
     MerkleFile(String),
 
@@ -110,6 +130,9 @@ impl LedgerError {
                 | LedgerError::NotAnObject { .. }
                 | LedgerError::TooLarge { .. }
                 | LedgerError::InexactNumber { .. }
+                | LedgerError::UnstorableText { .. }
+                | LedgerError::SchemaVersionOutOfRange { .. }
+                | LedgerError::ImitatedPlaceholder { .. }
                 | LedgerError::EmptyAppend
                 | LedgerError::TooManyEvents { .. }
                 | LedgerError::DuplicateStream { .. }

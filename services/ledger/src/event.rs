@@ -19,6 +19,9 @@ pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
 pub const MAX_METADATA_BYTES: usize = 64 * 1024;
 /// Largest integer magnitude that RFC 8785 (IEEE-754 doubles) can carry exactly.
 const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
+/// Largest schema version: both databases store it as a 32-bit signed integer, and a value
+/// the database would change could never re-hash to what was answered.
+pub const MAX_SCHEMA_VERSION: u32 = i32::MAX as u32;
 
 /// What a stream is expected to be at when an append is checked (optimistic concurrency).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -187,12 +190,20 @@ fn printable(s: &str) -> String {
 impl NewEvent {
     pub(crate) fn validate(mut self, max_payload_bytes: usize) -> Result<ValidEvent, LedgerError> {
         validate_event_type(&self.event_type)?;
-        if !self.personal.values().all(numbers_exact) {
-            check_numbers(
+        if self.schema_version > MAX_SCHEMA_VERSION {
+            return Err(LedgerError::SchemaVersionOutOfRange {
+                schema_version: self.schema_version,
+            });
+        }
+        if !self.personal.values().all(storable) {
+            check_values(
                 "personal",
                 &serde_json::Value::Object(self.personal.clone()),
                 &mut String::from("$"),
             )?;
+        }
+        if let Some(path) = placeholder_path(&self.payload, &mut String::from("$")) {
+            return Err(LedgerError::ImitatedPlaceholder { path });
         }
         let personal =
             crate::personal::seal(&mut self.payload, std::mem::take(&mut self.personal))?;
@@ -209,6 +220,35 @@ impl NewEvent {
     }
 }
 
+/// The path of the first object in a caller's payload that has a `$personal` member: only the
+/// ledger writes such placeholders (for the members it seals), so one from outside would pass
+/// for a redactable value that no commitment backs.
+fn placeholder_path(value: &serde_json::Value, path: &mut String) -> Option<String> {
+    match value {
+        serde_json::Value::Object(map) => {
+            if map.contains_key(crate::personal::PLACEHOLDER_KEY) {
+                return Some(path.clone());
+            }
+            map.iter().find_map(|(k, item)| {
+                let len = path.len();
+                path.push('.');
+                path.push_str(k);
+                let found = placeholder_path(item, path);
+                path.truncate(len);
+                found
+            })
+        }
+        serde_json::Value::Array(items) => items.iter().enumerate().find_map(|(i, item)| {
+            let len = path.len();
+            path.push_str(&format!("[{i}]"));
+            let found = placeholder_path(item, path);
+            path.truncate(len);
+            found
+        }),
+        _ => None,
+    }
+}
+
 /// RFC 8785 text of a JSON object, after checking it is an object, its numbers are exact
 /// in IEEE-754 and it fits the limit.
 fn canonical_object(
@@ -222,8 +262,8 @@ fn canonical_object(
             found: json_kind(value),
         });
     }
-    if !numbers_exact(value) {
-        check_numbers(field, value, &mut String::from("$"))?;
+    if !storable(value) {
+        check_values(field, value, &mut String::from("$"))?;
     }
     let text = hashing::canonical_json(value)?;
     if text.len() > limit {
@@ -247,29 +287,39 @@ fn json_kind(value: &serde_json::Value) -> &'static str {
     }
 }
 
-/// Whether every integer in `value` is one RFC 8785 keeps exact. The common case, checked
-/// without building the paths that only an error needs (they were an allocation per array
-/// element on every append).
-fn numbers_exact(value: &serde_json::Value) -> bool {
+/// Whether every number in `value` is one RFC 8785 keeps exact and every string (member
+/// names too) is one both databases store unchanged. The common case, checked without
+/// building the paths that only an error needs (they were an allocation per array element
+/// on every append).
+fn storable(value: &serde_json::Value) -> bool {
     match value {
         serde_json::Value::Number(n) => !inexact(n),
-        serde_json::Value::Array(items) => items.iter().all(numbers_exact),
-        serde_json::Value::Object(map) => map.values().all(numbers_exact),
+        serde_json::Value::String(s) => !s.contains('\0'),
+        serde_json::Value::Array(items) => items.iter().all(storable),
+        serde_json::Value::Object(map) => map
+            .iter()
+            .all(|(k, item)| !k.contains('\0') && storable(item)),
         _ => true,
     }
 }
 
+/// A number whose magnitude passes 2^53 − 1, whatever its form: an integer (`2^64` too, which
+/// JSON parsers hold as a double) or a double such as `1e16` (every double that large is an
+/// integer, and RFC 8785 would write it as digits that a verifier must refuse).
 fn inexact(n: &serde_json::Number) -> bool {
-    match (n.as_u64(), n.as_i64()) {
-        (Some(u), _) => u > MAX_SAFE_INTEGER,
-        (None, Some(i)) => i.unsigned_abs() > MAX_SAFE_INTEGER,
-        (None, None) => false,
+    match (n.as_u64(), n.as_i64(), n.as_f64()) {
+        (Some(u), _, _) => u > MAX_SAFE_INTEGER,
+        (None, Some(i), _) => i.unsigned_abs() > MAX_SAFE_INTEGER,
+        (None, None, Some(f)) => f.abs() > MAX_SAFE_INTEGER as f64,
+        (None, None, None) => false,
     }
 }
 
-/// Rejects integers that RFC 8785 would silently round (|n| > 2^53 − 1): send them as
-/// strings. The error names the first one's path.
-fn check_numbers(
+/// Rejects numbers that RFC 8785 would silently round (|n| > 2^53 − 1: send them as strings)
+/// and text the databases cannot store (U+0000: PostgreSQL's JSON refuses it, and one such
+/// value would fail every other append committed with it). The error names the first one's
+/// path.
+fn check_values(
     field: &'static str,
     value: &serde_json::Value,
     path: &mut String,
@@ -282,11 +332,17 @@ fn check_numbers(
                 number: n.to_string(),
             });
         }
+        serde_json::Value::String(s) if s.contains('\0') => {
+            return Err(LedgerError::UnstorableText {
+                field,
+                path: path.clone(),
+            });
+        }
         serde_json::Value::Array(items) => {
             for (i, item) in items.iter().enumerate() {
                 let len = path.len();
                 path.push_str(&format!("[{i}]"));
-                check_numbers(field, item, path)?;
+                check_values(field, item, path)?;
                 path.truncate(len);
             }
         }
@@ -294,8 +350,14 @@ fn check_numbers(
             for (k, item) in map {
                 let len = path.len();
                 path.push('.');
-                path.push_str(k);
-                check_numbers(field, item, path)?;
+                path.push_str(&k.replace('\0', "\\u0000"));
+                if k.contains('\0') {
+                    return Err(LedgerError::UnstorableText {
+                        field,
+                        path: path.clone(),
+                    });
+                }
+                check_values(field, item, path)?;
                 path.truncate(len);
             }
         }

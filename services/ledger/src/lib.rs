@@ -30,7 +30,9 @@ mod writer;
 pub use checkpoint::{CheckpointSigner, CheckpointVerifier, SignedCheckpoint};
 pub use checkpointer::{CheckpointPolicy, run_checkpointer};
 pub use error::LedgerError;
-pub use event::{Committed, ExpectedVersion, NewEvent, RecordedEvent};
+pub use event::{
+    Committed, ExpectedVersion, MAX_EVENT_TYPE_BYTES, MAX_SCHEMA_VERSION, NewEvent, RecordedEvent,
+};
 pub use hashing::Hash;
 pub use merkle_log::MerkleLog;
 pub use store::{
@@ -38,4 +40,7 @@ pub use store::{
     MetadataLookup, StoreConfig, redact_url,
 };
 pub use subscription::Subscription;
-pub use verify::{ChainVerifier, Problem, VerifyFailure, VerifyReport, verify_store};
+pub use verify::{
+    ChainVerifier, Problem, TrustedAnchor, VerifyFailure, VerifyReport, verify_store,
+    verify_store_anchored,
+};

@@ -97,6 +97,16 @@ impl MerkleLog {
     /// checkpoint's size is the signed root. If either fails (another ledger's file, a
     /// ledger restored from an older backup, pages lost in a power cut: the file is not
     /// synced, being derived), it is emptied and rebuilt from the store, with a warning.
+    /// How many event hashes the file at `path` holds (0 when there is none), without
+    /// opening the tree: the highest seq this node's Merkle log has seen.
+    pub fn recorded_events(path: &Path) -> Result<u64, LedgerError> {
+        match std::fs::metadata(path) {
+            Ok(meta) => Ok(meta.len() / 32),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+            Err(e) => Err(LedgerError::MerkleFile(e.to_string())),
+        }
+    }
+
     pub async fn open(path: &Path, store: &EventStore) -> Result<MerkleLog, LedgerError> {
         let path = path.to_owned();
         let tree = tokio::task::spawn_blocking(move || PagedTree::open(&path, BLOCK_LEVEL))

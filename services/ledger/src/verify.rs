@@ -45,6 +45,51 @@ pub enum Problem {
         claimed: String,
         computed: String,
     },
+    #[error(
+        "the ledger no longer extends the trusted checkpoint: its first {tree_size} events have root {computed}, the trusted root is {trusted}"
+    )]
+    AnchorRootMismatch {
+        tree_size: u64,
+        trusted: String,
+        computed: String,
+    },
+    #[error(
+        "the ledger has {events} events, fewer than the {tree_size} of the trusted checkpoint: its newest events were removed"
+    )]
+    ShorterThanAnchor { tree_size: u64, events: u64 },
+}
+
+/// A tree head the verifier's user already trusts (from a bundle or a checkpoint they kept):
+/// the ledger must still hold at least `tree_size` events whose root is `root_hash`, so
+/// removing or rewriting the newest events is caught even where the checkpoints that covered
+/// them went with them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TrustedAnchor {
+    pub tree_size: u64,
+    pub root_hash: Hash,
+}
+
+impl std::str::FromStr for TrustedAnchor {
+    type Err = String;
+
+    /// `SIZE:ROOT`, the root in 64 lowercase hex digits.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (size, root) = s
+            .split_once(':')
+            .ok_or_else(|| format!("expected TREE_SIZE:ROOT_HASH, got {s:?}"))?;
+        let tree_size: u64 =
+            size.parse().ok().filter(|n| *n >= 1).ok_or_else(|| {
+                format!("tree size must be an integer of at least 1, got {size:?}")
+            })?;
+        let root_hash = hashing::hex_hash::parse(root)
+            .ok()
+            .filter(|_| !root.bytes().any(|b| b.is_ascii_uppercase()))
+            .ok_or_else(|| format!("root hash must be 64 lowercase hex digits, got {root:?}"))?;
+        Ok(TrustedAnchor {
+            tree_size,
+            root_hash,
+        })
+    }
 }
 
 /// The first failure found.
@@ -86,6 +131,8 @@ pub struct ChainVerifier {
     checkpoints: u64,
     latest_checkpoint: Option<SignedCheckpoint>,
     failure: Option<VerifyFailure>,
+    /// Checked once the tree reaches its size; `None` after that.
+    anchor: Option<TrustedAnchor>,
 }
 
 /// Why an event could not be checked: the ledger is broken there, or the verifier's own
@@ -115,7 +162,14 @@ impl ChainVerifier {
             checkpoints: 0,
             latest_checkpoint: None,
             failure: None,
+            anchor: None,
         })
+    }
+
+    /// Also requires the ledger to extend `anchor` (see [`TrustedAnchor`]).
+    pub fn with_anchor(mut self, anchor: TrustedAnchor) -> Self {
+        self.anchor = Some(anchor);
+        self
     }
 
     pub fn failed(&self) -> bool {
@@ -160,6 +214,29 @@ impl ChainVerifier {
                     return Ok(());
                 }
             }
+        }
+        self.check_anchor()
+    }
+
+    /// Compares the trusted anchor's root once the checked events reach its size.
+    fn check_anchor(&mut self) -> Result<(), LedgerError> {
+        let Some(anchor) = self.anchor else {
+            return Ok(());
+        };
+        if self.expected_seq - 1 < anchor.tree_size {
+            return Ok(());
+        }
+        self.anchor = None;
+        let computed = self.tree.root_at(anchor.tree_size).map_err(scratch_error)?;
+        if computed != anchor.root_hash {
+            self.failure = Some(VerifyFailure {
+                seq: anchor.tree_size,
+                problem: Problem::AnchorRootMismatch {
+                    tree_size: anchor.tree_size,
+                    trusted: hex::encode(anchor.root_hash),
+                    computed: hex::encode(computed),
+                },
+            });
         }
         Ok(())
     }
@@ -271,12 +348,25 @@ impl ChainVerifier {
     }
 
     pub fn report(self) -> VerifyReport {
+        let events = self.expected_seq - 1;
+        let failure = match (self.failure, self.anchor) {
+            (Some(failure), _) => Some(failure),
+            // The anchor's size was never reached: the newest events are gone.
+            (None, Some(anchor)) => Some(VerifyFailure {
+                seq: events + 1,
+                problem: Problem::ShorterThanAnchor {
+                    tree_size: anchor.tree_size,
+                    events,
+                },
+            }),
+            (None, None) => None,
+        };
         VerifyReport {
-            events_checked: self.expected_seq - 1,
+            events_checked: events,
             checkpoints_checked: self.checkpoints,
             head_hash: (self.expected_seq > 1).then(|| hex::encode(self.prev_hash)),
             latest_checkpoint: self.latest_checkpoint,
-            failure: self.failure,
+            failure,
         }
     }
 }
@@ -289,6 +379,16 @@ const PAGE: u32 = 10_000;
 pub async fn verify_store(
     store: &EventStore,
     trusted_key: Option<CheckpointVerifier>,
+    progress: impl FnMut(u64),
+) -> Result<VerifyReport, LedgerError> {
+    verify_store_anchored(store, trusted_key, None, progress).await
+}
+
+/// [`verify_store`], also requiring the ledger to extend a trusted anchor.
+pub async fn verify_store_anchored(
+    store: &EventStore,
+    trusted_key: Option<CheckpointVerifier>,
+    anchor: Option<TrustedAnchor>,
     mut progress: impl FnMut(u64),
 ) -> Result<VerifyReport, LedgerError> {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Vec<RecordedEvent>, LedgerError>>(2);
@@ -302,6 +402,9 @@ pub async fn verify_store(
         })
     };
     let mut verifier = ChainVerifier::new(trusted_key)?;
+    if let Some(anchor) = anchor {
+        verifier = verifier.with_anchor(anchor);
+    }
     let mut checked = 0u64;
     while let Some(page) = rx.recv().await {
         let page = page?;

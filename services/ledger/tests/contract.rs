@@ -157,6 +157,8 @@ contract!(
     a_verify_that_stops_early_leaves_the_store_usable,
     verify_checks_roots_inside_blocks_it_keeps_on_disk,
     a_store_over_its_own_pool_serves_another_runtime,
+    every_hashed_field_at_its_limits_is_stored_as_answered,
+    values_the_database_would_change_are_refused_before_hashing,
 );
 
 async fn appended_events_read_back_chained<F, Fut>(open: F)
@@ -2263,4 +2265,159 @@ async fn hold_every_connection(pool: &sqlx::PgPool) {
             .unwrap();
         assert_eq!(one, 1);
     }
+}
+
+/// For every hashed field, at the edges of what is accepted: what the database stores
+/// re-hashes to the hash the append answered, and the ledger verifies. A field the database
+/// silently changed (a clamped integer, a rounded number, a dropped character) would make the
+/// answered hash unprovable for ever.
+async fn every_hashed_field_at_its_limits_is_stored_as_answered<F, Fut>(open: F)
+where
+    F: Fn(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = Harness>,
+{
+    let h = open(StoreConfig::default()).await;
+    let s = &h.store;
+    let max_safe = 9_007_199_254_740_991i64;
+    let strings = "\u{1}\u{1f}\"\\\n\t\u{7f}\u{2028}\u{fffd}\u{ffff}\u{10000}😀é";
+    let payload = json!({
+        "max": max_safe, "min": -max_safe, "zero": 0, "neg_zero": -0.0, "tiny": 5e-324,
+        "small": 1e-7, "fraction": 0.1, "big_double": 9_007_199_254_740_991.0f64,
+        "text": strings, "empty": "", "nested": {"a": [1, [2, [3, {"b": null}]]], "t": true},
+        "\u{ffff}": "sorts after", "\u{10000}": "sorts before (UTF-16)", strings: "key",
+    });
+    let metadata = json!({"actor": "tést", "trace_id": "0af7651916cd43dd8448eb211c80319c",
+                          "note": strings, "n": -max_safe});
+    let event_id = uuid::Uuid::from_u128(u128::MAX);
+    let long_type = format!("E{}", "x_.-9".repeat(127 / 5)) + "zz";
+    let stream = "é".repeat(128); // 256 bytes, the limit
+    let mut personal = serde_json::Map::new();
+    personal.insert("holder".into(), json!({"name": strings, "n": max_safe}));
+    let events = vec![
+        NewEvent::new("Limits", payload.clone())
+            .with_metadata(metadata.clone())
+            .with_event_id(event_id)
+            .with_schema_version(aether_ledger::MAX_SCHEMA_VERSION),
+        NewEvent::new(long_type.clone(), json!({})).with_schema_version(0),
+        NewEvent::new("Personal", json!({"kept": 1})).with_personal(personal),
+    ];
+    assert_eq!(long_type.len(), aether_ledger::MAX_EVENT_TYPE_BYTES);
+    let committed = s
+        .append(&stream, ExpectedVersion::NoStream, events)
+        .await
+        .unwrap();
+    let stored = s.read_all(1, 10).await.unwrap();
+    assert_eq!(stored.len(), 3);
+    for (c, e) in committed.iter().zip(&stored) {
+        assert_eq!((e.seq, e.event_id, e.hash), (c.seq, c.event_id, c.hash));
+        assert_eq!(e.stream_id, stream);
+        assert_eq!(e.stream_version, c.stream_version);
+        assert_eq!(e.recorded_at, c.recorded_at);
+        assert_eq!(e.computed_hash(), c.hash, "seq {} re-hashes", e.seq);
+    }
+    assert_eq!(stored[0].schema_version, aether_ledger::MAX_SCHEMA_VERSION);
+    assert_eq!(stored[0].event_id, event_id);
+    // Stored as the RFC 8785 text of what was sent (`-0.0` and `…991.0` become `0` and `…991`).
+    let canonical = aether_ledger::hashing::canonical_json;
+    assert_eq!(stored[0].payload.get(), canonical(&payload).unwrap());
+    assert_eq!(stored[0].metadata.get(), canonical(&metadata).unwrap());
+    assert_eq!(stored[1].schema_version, 0);
+    assert_eq!(stored[1].event_type, long_type);
+    let report = verify_store(s, None, |_| {}).await.unwrap();
+    assert!(report.is_ok(), "{:?}", report.failure);
+    h.finish().await;
+}
+
+/// Values just past what the databases store unchanged are refused with the reason, before
+/// anything is hashed or written: a schema version past 2^31 − 1 (the column is 32-bit),
+/// numbers past 2^53 − 1 in any form (`2^64` and `1e16` parse as doubles), U+0000 anywhere in
+/// text (PostgreSQL's JSON refuses it), and a caller's imitation of a personal placeholder.
+async fn values_the_database_would_change_are_refused_before_hashing<F, Fut>(open: F)
+where
+    F: Fn(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = Harness>,
+{
+    let h = open(StoreConfig::default()).await;
+    let s = &h.store;
+    let parsed = |text: &str| serde_json::from_str::<serde_json::Value>(text).unwrap();
+    let mut nul_personal = serde_json::Map::new();
+    nul_personal.insert("name".into(), json!("Ada\u{0}"));
+    let cases: Vec<(&str, NewEvent, &str)> = vec![
+        (
+            "schema version 2^31",
+            NewEvent::new("E", json!({})).with_schema_version(1 << 31),
+            "schema_version 2147483648 is out of range: the ledger stores 0 to 2147483647",
+        ),
+        (
+            "2^53",
+            NewEvent::new("E", json!({"n": 9_007_199_254_740_992u64})),
+            "payload number 9007199254740992 at $.n cannot be represented exactly",
+        ),
+        (
+            "-2^53",
+            NewEvent::new("E", json!({"n": -9_007_199_254_740_992i64})),
+            "at $.n cannot be represented exactly",
+        ),
+        (
+            "2^64",
+            NewEvent::new("E", parsed(r#"{"n": 18446744073709551616}"#)),
+            "at $.n cannot be represented exactly",
+        ),
+        (
+            "1e16",
+            NewEvent::new("E", json!({})).with_metadata(parsed(r#"{"a": [1, 1e16]}"#)),
+            "at $.a[1] cannot be represented exactly",
+        ),
+        (
+            "NUL in a value",
+            NewEvent::new("E", json!({"a": {"b": "x\u{0}y"}})),
+            "payload text at $.a.b contains U+0000",
+        ),
+        (
+            "NUL in a name",
+            NewEvent::new("E", json!({"a\u{0}": 1})),
+            "payload text at $.a\\u0000 contains U+0000",
+        ),
+        (
+            "NUL in metadata",
+            NewEvent::new("E", json!({})).with_metadata(json!({"request_id": "\u{0}"})),
+            "metadata text at $.request_id contains U+0000",
+        ),
+        (
+            "NUL in a personal value",
+            NewEvent::new("E", json!({})).with_personal(nul_personal),
+            "personal text at $.name contains U+0000",
+        ),
+        (
+            "imitated placeholder",
+            NewEvent::new("E", json!({"a": [{"$personal": "NOT-HEX"}]})),
+            "payload object at $.a[0] has a \"$personal\" member",
+        ),
+    ];
+    for (name, event, message) in cases {
+        let e = s
+            .append("notes/a", ExpectedVersion::Any, vec![ev("E", 1), event])
+            .await
+            .expect_err(name);
+        assert!(e.is_input_error(), "{name}: {e}");
+        assert!(e.to_string().contains(message), "{name}: {e}");
+    }
+    assert_eq!(head_seq(s).await, 0, "nothing was written");
+    // The largest accepted values next to them are stored.
+    s.append(
+        "notes/a",
+        ExpectedVersion::Any,
+        vec![
+            NewEvent::new(
+                "E",
+                json!({"n": 9_007_199_254_740_991u64, "m": 1e15, "f": 1.5e-300}),
+            )
+            .with_schema_version(i32::MAX as u32),
+        ],
+    )
+    .await
+    .unwrap();
+    let report = verify_store(s, None, |_| {}).await.unwrap();
+    assert!(report.is_ok(), "{:?}", report.failure);
+    h.finish().await;
 }

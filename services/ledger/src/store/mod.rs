@@ -899,6 +899,41 @@ impl EventStore {
         }
     }
 
+    /// Every named subscriber's stored position.
+    pub async fn positions(&self) -> Result<Vec<(String, u64)>, LedgerError> {
+        match &self.inner.db {
+            Db::Postgres(p) => postgres::positions(p).await,
+            Db::Sqlite(p) => sqlite::positions(p).await,
+        }
+    }
+
+    /// Refuses a ledger whose head is behind what a witness has already seen: each witness
+    /// is `(what it is, the highest seq it saw)`, e.g. the Merkle log file, a subscriber's
+    /// stored position, a lineage table. Called before anything is written, so that a
+    /// ledger whose newest events were deleted (or restored from an older backup) is never
+    /// extended, signed or relayed over as if nothing happened. Every named subscriber's
+    /// stored position is a witness too.
+    pub async fn ensure_not_behind(
+        &self,
+        mut witnesses: Vec<(String, u64)>,
+    ) -> Result<(), LedgerError> {
+        let head = self.head().await?.map_or(0, |(seq, _)| seq);
+        for (name, position) in self.positions().await? {
+            witnesses.push((
+                format!("the stored position of subscriber {name:?}"),
+                position,
+            ));
+        }
+        match witnesses.into_iter().max_by_key(|(_, seen)| *seen) {
+            Some((witness, seen)) if seen > head => Err(LedgerError::Truncated {
+                head,
+                witness,
+                seen,
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// Stores that a named subscriber has processed everything up to `position`.
     pub async fn save_position(&self, name: &str, position: u64) -> Result<(), LedgerError> {
         match &self.inner.db {

@@ -121,6 +121,7 @@ pub(crate) fn plan_batch(
                     stream_version: to_i64(*version),
                     event_id: event.event_id,
                     event_type: event.event_type.clone(),
+                    // `NewEvent::validate` refused anything above `i32::MAX`.
                     schema_version: i32::try_from(event.schema_version).unwrap_or(i32::MAX),
                     payload: event.payload.clone(),
                     metadata: event.metadata.clone(),

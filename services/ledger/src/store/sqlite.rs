@@ -289,6 +289,17 @@ pub(crate) async fn load_position(
     Ok(v.map(|v| v as u64))
 }
 
+pub(crate) async fn positions(pool: &SqlitePool) -> Result<Vec<(String, u64)>, LedgerError> {
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT name, position FROM subscription_positions ORDER BY name")
+            .fetch_all(pool)
+            .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(n, p)| (n, p.max(0) as u64))
+        .collect())
+}
+
 pub(crate) async fn save_position(
     pool: &SqlitePool,
     name: &str,

@@ -1,0 +1,313 @@
+//! End-to-end: no single API call can break the ledger's proof. The system's own streams
+//! and event types are refused on the generic append, every data file is private to the
+//! service's user, and a ledger whose newest events were deleted is caught.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use aether_e2e::clearing::{activate, client, trade};
+use aether_e2e::{OPERATOR_TOKEN, REGULATOR_TOKEN, Server, all_events, http, run_aether};
+use serde_json::{Value, json};
+
+async fn append(server: &Server, stream: &str, event_type: &str) -> (u16, Value) {
+    let resp = http()
+        .post(server.url("/v1/events"))
+        .bearer_auth(OPERATOR_TOKEN)
+        .json(&json!({"stream_id": stream, "events": [{"event_type": event_type, "payload": {"n": 1}}]}))
+        .send()
+        .await
+        .unwrap();
+    (
+        resp.status().as_u16(),
+        resp.json().await.unwrap_or(Value::Null),
+    )
+}
+
+/// Every stream and event type that the service itself wrote while it cleared, snapshotted,
+/// signed and answered a regulator is refused when an operator sends it to `POST /v1/events`:
+/// a list of reserved names that missed one would fail here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_systems_own_streams_and_types_are_refused_on_the_generic_append() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &[("AETHER_CHECKPOINT_EVERY_EVENTS", "2")]);
+    activate(&server).await;
+    let mut bank_a = client(&server, &data, "bank-a").await;
+    bank_a.submit("integrity-1", &trade(125_000)).await.unwrap();
+    let resp = http()
+        .post(server.url("/v1/snapshots"))
+        .bearer_auth(OPERATOR_TOKEN)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    let resp = http()
+        .get(server.url("/v1/audit/events?limit=5"))
+        .bearer_auth(REGULATOR_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let events = loop {
+        let events = all_events(&server).await;
+        if events.iter().any(|e| e["event_type"] == "CheckpointSigned") {
+            break events;
+        }
+        assert!(Instant::now() < deadline, "no checkpoint was signed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let written: BTreeSet<(String, String)> = events
+        .iter()
+        .map(|e| {
+            (
+                e["stream_id"].as_str().unwrap().to_owned(),
+                e["event_type"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    for wanted in [
+        "ClearingDecided",
+        "SnapshotCommitted",
+        "AuditQueried",
+        "EngineActivated",
+        "PolicyIngested",
+    ] {
+        assert!(
+            written.iter().any(|(_, t)| t == wanted),
+            "no {wanted} in {written:?}"
+        );
+    }
+    let head = events.len();
+    for (stream, event_type) in &written {
+        for (s, t) in [
+            (stream.as_str(), event_type.as_str()),
+            (stream, "Note"),
+            ("notes/a", event_type),
+        ] {
+            let (status, problem) = append(&server, s, t).await;
+            assert_eq!(status, 403, "{s} {t}: {problem}");
+            assert_eq!(problem["title"], "Reserved namespace", "{problem}");
+            assert!(
+                problem["detail"].as_str().unwrap().contains("reserved"),
+                "{problem}"
+            );
+        }
+    }
+    // Neighbouring names are the operator's, and none of the refusals wrote anything.
+    for stream in ["notes/a", "engineering/x", "ledgers"] {
+        assert_eq!(append(&server, stream, "Note").await.0, 201, "{stream}");
+    }
+    let after = all_events(&server).await;
+    let appended: Vec<&str> = after[head..]
+        .iter()
+        .filter(|e| e["stream_id"] != "ledger/checkpoints" && e["stream_id"] != "access/audit")
+        .map(|e| e["stream_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(appended, ["notes/a", "engineering/x", "ledgers"]);
+    assert!(server.terminate().success());
+    let out = run_aether(&["verify", "--data-dir", data.to_str().unwrap()], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// The embedded deployment's files hold personal data in clear (the SQLite ledger, its WAL,
+/// the personal values beside the chain) and the trail itself: every file the service
+/// creates under its data directory is 0600 and every directory 0700, even under a umask
+/// that would leave them world-readable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_data_file_is_private_to_the_service() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let jsonl = data.join("lineage-out").join("openlineage.jsonl");
+    let server = Server::start(
+        &data,
+        &[
+            ("AETHER_OPENLINEAGE_FILE", jsonl.to_str().unwrap()),
+            ("AETHER_CHECKPOINT_EVERY_EVENTS", "1"),
+        ],
+    );
+    let resp = http()
+        .post(server.url("/v1/events"))
+        .bearer_auth(OPERATOR_TOKEN)
+        .json(
+            &json!({"stream_id": "notes/a", "events": [{"event_type": "Note", "payload": {"n": 1},
+                      "personal": {"name": "Ada Lovelace"}}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    // Wait until lineage has written its files (Delta tables, the JSON-lines file).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !(jsonl.is_file()
+        && data
+            .join("delta")
+            .join("events")
+            .join("_delta_log")
+            .is_dir())
+    {
+        assert!(Instant::now() < deadline, "lineage wrote no files");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut seen = Vec::new();
+    let mut wider = Vec::new();
+    let mut stack = vec![data.clone()];
+    while let Some(path) = stack.pop() {
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        let mode = meta.permissions().mode() & 0o777;
+        let want = if meta.is_dir() { 0o700 } else { 0o600 };
+        if meta.is_dir() {
+            stack.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+        }
+        // Keys and tokens may be stricter (0400); nothing may be looser, but for public
+        // certificates (0644, meant to be handed out; behind the 0700 data directory).
+        let certificate = meta.is_file()
+            && std::fs::read(&path)
+                .unwrap()
+                .starts_with(b"-----BEGIN CERTIFICATE-----");
+        if mode & !want != 0 && !(certificate && mode == 0o644) {
+            wider.push(format!("{} {:o}", path.display(), mode));
+        }
+        seen.push(path.strip_prefix(&data).unwrap().display().to_string());
+    }
+    for expected in [
+        "ledger.db",
+        "ledger.db-wal",
+        "merkle",
+        "delta",
+        "keys",
+        "lineage-out/openlineage.jsonl",
+    ] {
+        assert!(
+            seen.iter().any(|s| s.starts_with(expected)),
+            "no {expected} in {seen:?}"
+        );
+    }
+    assert!(wider.is_empty(), "readable by others: {wider:?}");
+    let data_mode = std::fs::metadata(&data).unwrap().permissions().mode() & 0o777;
+    assert_eq!(data_mode, 0o700);
+    assert!(server.terminate().success());
+}
+
+/// The newest events deleted by someone who could switch the append-only trigger off (a
+/// database superuser): `aether verify` without an anchor cannot tell (the rest is a valid
+/// shorter ledger), but with the checkpoint a regulator kept (`--since-checkpoint`) it fails,
+/// and `aether serve` refuses to start over the gap, writing nothing, because this node's
+/// Merkle file, Delta table and relay positions have seen further.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_whose_newest_events_were_deleted_is_caught() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &[("AETHER_CHECKPOINT_EVERY_EVENTS", "10")]);
+    let mut last = 0;
+    for n in 0..40u64 {
+        let (status, body) = append(&server, &format!("notes/{}", n % 3), "Note").await;
+        assert_eq!(status, 201, "{body}");
+        last = body["committed"][0]["seq"].as_u64().unwrap();
+    }
+    // Lineage has relayed everything: the Delta table and the relays' positions saw `last`.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let resp = http()
+            .get(server.url(&format!("/v1/lineage/events/{last}")))
+            .bearer_auth(REGULATOR_TOKEN)
+            .send()
+            .await
+            .unwrap();
+        if resp.status() == 200 {
+            let record: Value = resp.json().await.unwrap();
+            if record["delta_version"].is_i64() {
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "lineage did not reach seq {last}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(server.terminate().success());
+    let data_arg = data.to_str().unwrap();
+    let verify = |anchor: Option<String>| {
+        let mut args = vec!["verify".to_owned(), "--data-dir".into(), data_arg.into()];
+        args.extend(
+            anchor
+                .map(|a| vec!["--since-checkpoint".into(), a])
+                .unwrap_or_default(),
+        );
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run_aether(&args, &[])
+    };
+    let report: Value = {
+        let out = run_aether(&["verify", "--data-dir", data_arg, "--json"], &[]);
+        assert!(out.status.success());
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let kept = &report["latest_checkpoint"];
+    let anchor = format!(
+        "{}:{}",
+        kept["tree_size"],
+        kept["root_hash"].as_str().unwrap()
+    );
+    let head = report["events_checked"].as_u64().unwrap();
+    assert!(verify(Some(anchor.clone())).status.success());
+
+    // A superuser deletes the newest 23 events.
+    let url = format!("sqlite:{}", data.join("ledger.db").display());
+    let db = sqlx::SqlitePool::connect(&url).await.unwrap();
+    let delete = format!(
+        "PRAGMA foreign_keys = OFF; DROP TRIGGER events_no_delete; DELETE FROM events WHERE seq > {};",
+        head - 23
+    );
+    sqlx::raw_sql(&delete).execute(&db).await.unwrap();
+    db.close().await;
+
+    let out = verify(None);
+    assert!(
+        out.status.success(),
+        "without an anchor the shorter ledger verifies"
+    );
+    let out = verify(Some(anchor));
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains(&format!(
+            "the ledger has {} events, fewer than the {}",
+            head - 23,
+            kept["tree_size"]
+        )),
+        "{said}"
+    );
+    let out = verify(Some("abc".into()));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected TREE_SIZE:ROOT_HASH"));
+
+    let out = aether_e2e::run_serve(&data, &["--grpc-listen", "127.0.0.1:0"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("the ledger ends at seq {}, but ", head - 23))
+            && stderr.contains(&format!("has already seen seq {head}")),
+        "{stderr}"
+    );
+    // Nothing was written: no checkpoint over the gap, no event at a reused seq.
+    let db = sqlx::SqlitePool::connect(&url).await.unwrap();
+    let max: i64 = sqlx::query_scalar("SELECT MAX(seq) FROM events")
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    assert_eq!(max as u64, head - 23);
+    db.close().await;
+}
