@@ -292,6 +292,15 @@ async fn trades_are_cleared_over_mtls_with_envelopes_and_every_decision_is_on_th
     let status = raw_a.submit(tonic::Request::new(req)).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
     assert!(status.message().contains("x-sm4-key"), "{status:?}");
+    // A session key id and an x-sm4-key in one request: refused, never one chosen silently.
+    let (mut req, header, _) = sealed(&data, "bank-a", "req-twokeys", &trade(1_000));
+    req.key_id = "0123456789abcdef0123456789abcdef".into();
+    let status = raw_a.submit(with_header(req, &header)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("also carries x-sm4-key"),
+        "{status:?}"
+    );
     assert_eq!(
         head(&server).await,
         head_before,

@@ -36,6 +36,17 @@ fn the_demo_widens_the_candidate_then_rolls_it_back_on_its_own() {
     assert!(widened < shift && shift < rolled, "{stdout}");
     assert_eq!(stdout.matches("RolledBack to snapshot").count(), 1);
     assert!(stdout.contains("the candidate was rolled back by the controller"));
+    // After the rollback the flawed candidate decides nothing, yen trades included.
+    assert!(
+        stdout.contains("after the rollback: 30 yen trades, 0 decided by the candidate"),
+        "{stdout}"
+    );
+    // The plan says how the weights move, the URLs say how to reopen them, and the
+    // service's log tells the story.
+    assert!(stdout.contains("(5, 8, 12, 18, 25 ...)"), "{stdout}");
+    assert!(stdout.contains("aether serve --data-dir"), "{stdout}");
+    assert!(!stdout.contains("the operator resumes"), "{stdout}");
+    assert!(log.contains("aether serving"), "serve.log:\n{log}");
     // Everything it recorded verifies, and a second demo refuses the used directory.
     let verify = run_aether(&["verify", "--data-dir", data.to_str().unwrap()], &[]);
     assert!(

@@ -383,6 +383,7 @@ async fn measure(
         database.map(|(url, _)| url),
         Some(&format!("operator:{operator},regulator:{regulator}")),
         b.batch_delay_us,
+        "warn",
     )
     .await?;
     say(
@@ -495,13 +496,15 @@ pub(crate) struct ServeChild {
 }
 
 impl ServeChild {
-    /// `tokens`: `AETHER_TOKENS` for the child, or None to let it create `<data>/tokens`.
+    /// `tokens`: `AETHER_TOKENS` for the child, or None to let it create `<data>/tokens`;
+    /// `log_level`: its `AETHER_LOG` (a bench keeps it at `warn`, a demo's log tells the story).
     pub(crate) async fn start(
         data: &Path,
         log_path: &Path,
         database_url: Option<&str>,
         tokens: Option<&str>,
         batch_delay_us: u64,
+        log_level: &str,
     ) -> anyhow::Result<ServeChild> {
         let exe = std::env::current_exe().context("cannot find the aether binary")?;
         let log = std::fs::File::create(log_path)
@@ -514,7 +517,7 @@ impl ServeChild {
             .arg("--batch-delay-us")
             .arg(batch_delay_us.to_string())
             .env_remove("AETHER_TOKENS_FILE")
-            .env("AETHER_LOG", "warn")
+            .env("AETHER_LOG", log_level)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)

@@ -73,7 +73,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let say = |line: &str| println!("[{:>6.1}s] {line}", started.elapsed().as_secs_f64());
 
     say(&format!("starting aether serve in {}", data.display()));
-    let mut server = ServeChild::start(data, &data.join("serve.log"), None, None, 2_000).await?;
+    let mut server =
+        ServeChild::start(data, &data.join("serve.log"), None, None, 2_000, "info").await?;
     let (operator, regulator) = read_tokens(&data.join("tokens"))?;
     let http = server.http.clone();
     let result = scenario(&args, &server, &operator, &regulator, &say).await;
@@ -83,8 +84,12 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             println!(
                 "\n  audit API:   {http}/v1/audit/events?actor={CONTROLLER}\n  \
                  lineage UI:  {http}/ui\n  OpenAPI:     {http}/v1/openapi.json\n  \
-                 tokens:      {} (operator and regulator)",
-                data.join("tokens").display()
+                 tokens:      {} (operator and regulator)\n  \
+                 these answer only while the service runs: pass --keep-running, or reopen \
+                 the data later with\n    aether serve --data-dir {}\n  \
+                 (it then listens on 127.0.0.1:8080 unless --listen says otherwise)",
+                data.join("tokens").display(),
+                data.display()
             );
         }
         Err(e) => say(&format!(
@@ -175,7 +180,9 @@ async fn scenario(
         .context("no rollout id in the answer")?
         .to_owned();
     say(&format!(
-        "automated rollout {id} started: steps 5, 25, 50, 100 %, 1 s analysis windows"
+        "automated rollout {id} started: steps 5, 25, 50, 100 %, 1 s analysis windows; \
+         the controller raises the weight by half at a time \
+         toward each step (5, 8, 12, 18, 25 ...) while the evidence holds"
     ));
 
     let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
@@ -189,6 +196,39 @@ async fn scenario(
         "the candidate was {how} by the controller; {} trades were cleared meanwhile",
         sent.load(Ordering::Relaxed)
     ));
+    if how == "rolled back" {
+        probe_after_rollback(&server.grpc, data, say).await?;
+    }
+    Ok(())
+}
+
+/// Yen trades after the rollback: the candidate's blind spot. A rollback never raises the
+/// candidate's exposure, so none of them may be decided by it.
+async fn probe_after_rollback(grpc: &str, data: &Path, say: &dyn Fn(&str)) -> anyhow::Result<()> {
+    const PROBES: u64 = 30;
+    let member = "demo-member-01";
+    let mut client = connect(grpc, data, member).await?;
+    let mut rng = SplitMix(u64::MAX / 3);
+    let date = value_date();
+    let mut by_candidate = 0;
+    for n in 0..PROBES {
+        let mut request = trade_request(&mut rng, member, &date);
+        if let Some(trade) = request.trade.as_mut() {
+            trade.currency = "JPY".into();
+        }
+        let answer = client
+            .submit(&format!("after-rollback-{n}"), &request)
+            .await?;
+        if answer.model_stage.starts_with("green") {
+            by_candidate += 1;
+        }
+    }
+    say(&format!(
+        "after the rollback: {PROBES} yen trades, {by_candidate} decided by the candidate"
+    ));
+    if by_candidate > 0 {
+        bail!("the rolled-back candidate still decided {by_candidate} of {PROBES} trades");
+    }
     Ok(())
 }
 
@@ -240,7 +280,10 @@ async fn watch(
                     )
                     .await?;
                     match status {
-                        200 => say("the operator resumes the rollout"),
+                        200 => say(
+                            "too little traffic in a window paused the analysis; the demo \
+                             resumes the rollout, as an operator would",
+                        ),
                         // Already moved on (resumed, or ended by the controller).
                         409 => {}
                         _ => bail!("cannot resume the rollout: HTTP {status}: {body}"),

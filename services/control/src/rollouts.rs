@@ -329,7 +329,8 @@ impl RolloutRegistry {
     }
 
     /// Makes `routes` the rollouts' routing: each named rollout returns to its recorded
-    /// step, weight and phase; every other rollout still routing ends as rolled back.
+    /// step and phase, and to its recorded weight unless it has less now (a rollback never
+    /// raises a candidate's exposure); every other rollout still routing ends as rolled back.
     pub(crate) fn restore_routing(&self, routes: &BTreeMap<String, RolloutRoute>) {
         let Ok(mut map) = self.rollouts.write() else {
             return;
@@ -338,7 +339,10 @@ impl RolloutRegistry {
             match routes.get(id) {
                 Some(route) => {
                     rollout.step_index = route.step_index;
-                    rollout.candidate_weight = route.candidate_weight;
+                    // A rollback never raises a candidate's exposure: restoring a snapshot
+                    // taken at a wider step keeps the weight it has now (0 after the
+                    // controller froze it), as Argo Rollouts' abort takes it to 0.
+                    rollout.candidate_weight = route.candidate_weight.min(rollout.candidate_weight);
                     rollout.phase = route.phase;
                 }
                 None if rollout.phase.routes() => {

@@ -479,3 +479,92 @@ async fn rollback_restores_rules_corpus_and_routing() {
     );
     store.shutdown().await;
 }
+
+/// The demo's scenario in small: a snapshot taken while the candidate had 2 %, widened to
+/// 5 %, then frozen at 0 % (the controller's reaction to drift), then the rollback to that
+/// snapshot. The rollback restores the step but never the candidate's exposure: it stays at
+/// 0 %, live and after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_never_raises_the_candidates_weight() {
+    use aether_control::{ActivationRequest, Command, RoutingTable};
+    let s = setup().await;
+    let origin = operator();
+    two_models(&s.state, s._dir.path()).await;
+    change_rules_and_corpus(
+        &s.state,
+        "aml_v2",
+        "# Reporting\n\nReport trades above 1m.\n",
+    )
+    .await;
+    let (_, task) = s
+        .state
+        .engines
+        .request_activation(
+            ActivationRequest {
+                model_ref: "finmoe-7b-v3@sgp-region".into(),
+                traffic_weight: 1.0,
+                policy_hooks: vec!["aml_v2".into()],
+            },
+            &origin,
+        )
+        .await
+        .unwrap();
+    task.await.unwrap();
+    let (rollout, _) = s
+        .state
+        .rollouts
+        .start(rollout_request(), &origin)
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        s.state
+            .rollouts
+            .command(&rollout.id, Command::Step, None, None, &origin)
+            .await
+            .unwrap();
+    }
+    let snap = s
+        .state
+        .snapshots
+        .take(&s.participants, Duration::from_secs(30), &origin)
+        .await
+        .unwrap();
+    s.state
+        .rollouts
+        .command(&rollout.id, Command::Step, None, None, &origin)
+        .await
+        .unwrap();
+    assert_eq!(
+        s.state.rollouts.get(&rollout.id).unwrap().candidate_weight,
+        5
+    );
+    s.state
+        .rollouts
+        .set_weight(&rollout.id, 0, "drift", "analysis", &origin)
+        .await
+        .unwrap();
+    let rolled = s
+        .state
+        .snapshots
+        .rollback(&s.participants, &snap.id, "drift after widening", &origin)
+        .await
+        .unwrap();
+    let back = s.state.rollouts.get(&rollout.id).unwrap();
+    assert_eq!((back.candidate_weight, back.step_index), (0, Some(1)));
+    let routing = |state: &ControlState| RoutingTable::of(&state.engines, &state.rollouts);
+    assert_eq!(routing(&s.state).rollouts[&rollout.id].candidate_weight, 0);
+    // The event names the routing actually in force, not the snapshot's wider one.
+    assert_eq!(
+        rolled.restored["gateway_digest"].as_deref(),
+        Some(routing(&s.state).digest().as_str())
+    );
+    assert_ne!(snap.gateway_digest, Some(routing(&s.state).digest()));
+    let live = routing(&s.state);
+    s.store.shutdown().await;
+    let store = EventStore::connect(&s.url, StoreConfig::default())
+        .await
+        .unwrap();
+    let again = ControlState::replay(&store).await.unwrap();
+    assert_eq!(routing(&again), live);
+    store.shutdown().await;
+}

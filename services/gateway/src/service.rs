@@ -85,6 +85,14 @@ impl ClearingServer {
             issued_at: sealed.issued_at,
         };
         let now = unix_now();
+        if !sealed.key_id.is_empty() && key_header.is_some() {
+            envelope_failure("two_keys");
+            return Err(Status::invalid_argument(format!(
+                "the request names session key id {:?} and also carries {KEY_HEADER} metadata; \
+                 send one of them (ENVELOPE.md §4)",
+                sealed.key_id
+            )));
+        }
         let opened = if sealed.key_id.is_empty() {
             let header = key_header.ok_or_else(|| {
                 envelope_failure("no_key");

@@ -427,7 +427,10 @@ async fn finish(
     }
     match result {
         Ok(()) => {}
-        Err(InsertError::Sql(e)) if is_unique_violation(&e) => {
+        // The database refused a row (a uniqueness conflict, or data it will not store):
+        // the batch did not commit, so each request is tried alone and only the offender
+        // fails, never the other callers that happened to share its batch.
+        Err(InsertError::Sql(e)) if is_unique_violation(&e) || is_refused_row(&e) => {
             for p in batch {
                 let outcome = write_alone(db, cache, &p.appends).await;
                 answer(vec![p], vec![outcome], committed);
@@ -601,6 +604,23 @@ fn answer(batch: Vec<Pending>, outcomes: Vec<RequestOutcome>, committed: &watch:
 
 fn is_unique_violation(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(d) if d.is_unique_violation())
+}
+
+/// A row the database will not store, as opposed to a failure whose outcome is unknown (a
+/// lost connection): PostgreSQL's data exceptions and integrity violations (SQLSTATE classes
+/// 22 and 23), SQLite's constraint, mismatch and too-big results (primary codes 19, 20, 18).
+fn is_refused_row(e: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(d) = e else {
+        return false;
+    };
+    let Some(code) = d.code() else {
+        return false;
+    };
+    if code.starts_with("22") || code.starts_with("23") {
+        return true;
+    }
+    code.parse::<i32>()
+        .is_ok_and(|c| matches!(c & 0xff, 18..=20))
 }
 
 /// The first of the request's event ids that is already in the ledger, if any.

@@ -159,6 +159,7 @@ contract!(
     a_store_over_its_own_pool_serves_another_runtime,
     every_hashed_field_at_its_limits_is_stored_as_answered,
     values_the_database_would_change_are_refused_before_hashing,
+    a_row_the_database_refuses_fails_only_its_own_append,
 );
 
 async fn appended_events_read_back_chained<F, Fut>(open: F)
@@ -2418,6 +2419,76 @@ where
     .await
     .unwrap();
     let report = verify_store(s, None, |_| {}).await.unwrap();
+    assert!(report.is_ok(), "{:?}", report.failure);
+    h.finish().await;
+}
+
+/// One caller's event that the database itself refuses (here a trigger stands in for any
+/// data the database will not store) fails that caller alone: the valid appends that shared
+/// its group-commit batch are committed and answered, and the ledger verifies.
+async fn a_row_the_database_refuses_fails_only_its_own_append<F, Fut>(open: F)
+where
+    F: Fn(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = Harness>,
+{
+    let h = open(StoreConfig {
+        max_wait: Duration::from_millis(20),
+        ..StoreConfig::default()
+    })
+    .await;
+    let poison = if h.store.postgres_pool().is_some() {
+        "CREATE FUNCTION poison() RETURNS trigger AS $$ BEGIN \
+           IF NEW.payload::text LIKE '%poison%' THEN \
+             RAISE EXCEPTION 'poisoned row' USING ERRCODE = '22023'; END IF; \
+           RETURN NEW; END $$ LANGUAGE plpgsql; \
+         CREATE TRIGGER poison BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION poison();"
+    } else {
+        "CREATE TRIGGER poison BEFORE INSERT ON events WHEN NEW.payload LIKE '%poison%' \
+         BEGIN SELECT RAISE(ABORT, 'poisoned row'); END;"
+    };
+    h.raw(poison).await.unwrap();
+    let tasks: Vec<_> = (0..24u64)
+        .map(|t| {
+            let s = h.store.clone();
+            tokio::spawn(async move {
+                let mut outcomes = Vec::new();
+                for i in 0..5u64 {
+                    let poisoned = (t * 5 + i) % 11 == 0;
+                    let payload = if poisoned {
+                        json!({"n": t * 5 + i, "note": "poison"})
+                    } else {
+                        json!({"n": t * 5 + i})
+                    };
+                    let r = s
+                        .append(
+                            &format!("notes/{t}"),
+                            ExpectedVersion::Any,
+                            vec![NewEvent::new("Note", payload)],
+                        )
+                        .await;
+                    outcomes.push((poisoned, r));
+                }
+                outcomes
+            })
+        })
+        .collect();
+    let mut acked = 0;
+    let mut refused = 0;
+    for t in tasks {
+        for (poisoned, r) in t.await.unwrap() {
+            match (poisoned, r) {
+                (false, Ok(_)) => acked += 1,
+                (true, Err(e)) => {
+                    assert!(e.to_string().contains("poisoned row"), "{e}");
+                    refused += 1;
+                }
+                (poisoned, r) => panic!("poisoned {poisoned}: {r:?}"),
+            }
+        }
+    }
+    assert_eq!((acked, refused), (120 - 11, 11));
+    assert_eq!(head_seq(&h.store).await, 109);
+    let report = verify_store(&h.store, None, |_| {}).await.unwrap();
     assert!(report.is_ok(), "{:?}", report.failure);
     h.finish().await;
 }
