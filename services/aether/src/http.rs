@@ -37,6 +37,8 @@ pub struct AppState {
     /// The control plane's projections (policies and the live rule engine, models,
     /// engines, rollouts), rebuilt from the ledger at start.
     pub control: aether_control::ControlState,
+    /// This node's id in its cluster.
+    pub node_id: Arc<str>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -49,7 +51,8 @@ pub fn router(state: AppState) -> Router {
             .merge(crate::audit_http::routes())
             .merge(crate::control_http::routes())
             .merge(crate::corpus_http::routes())
-            .merge(crate::snapshot_http::routes()),
+            .merge(crate::snapshot_http::routes())
+            .merge(crate::cluster::routes()),
     );
     // Rendered once: the document is fixed for the life of the process.
     let doc: Arc<str> = serde_json::to_string(&doc).unwrap_or_default().into();

@@ -9,6 +9,7 @@ mod bench;
 mod bench_clearing;
 mod bench_lineage;
 mod clearing;
+mod cluster;
 mod control_http;
 mod corpus_http;
 mod demo;
@@ -54,7 +55,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the service: ledger, checkpointer and HTTP API.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Verify the whole ledger: hash chain, stream versions and signed checkpoints.
     Verify(VerifyArgs),
     /// Benchmarks.
@@ -234,7 +235,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Serve(args) => serve::run(args).await.map(|_| ExitCode::SUCCESS),
+            Command::Serve(args) => serve::run(*args).await.map(|_| ExitCode::SUCCESS),
             Command::Verify(args) => verify(args).await,
             Command::Bench(cmd) => bench::run(cmd).await.map(|_| ExitCode::SUCCESS),
             Command::Audit(AuditCommand::Verify {

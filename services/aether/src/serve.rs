@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aether_ledger::checkpoint::CheckpointSigner;
-use aether_ledger::{CheckpointPolicy, EventStore, MerkleLog, StoreConfig, run_checkpointer};
+use aether_ledger::checkpointer::{CHECKPOINTER_LEASE, run_checkpointer_under};
+use aether_ledger::{CheckpointPolicy, EventStore, MerkleLog, StoreConfig};
 use anyhow::Context;
 use clap::Args;
 use metrics_exporter_prometheus::PrometheusBuilder;
@@ -52,6 +53,8 @@ pub struct ServeArgs {
     pub background_nice: i32,
     #[command(flatten)]
     pub clearing: crate::clearing::ClearingArgs,
+    #[command(flatten)]
+    pub cluster: crate::cluster::ClusterArgs,
     #[command(flatten)]
     pub audit: crate::audit_decisions::AuditArgs,
 }
@@ -164,6 +167,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
     };
     let public_key = signer.public_key_hex();
+    let node_id = args.cluster.node_id(&args.ledger.data_dir);
+    crate::cluster::check_node_id(&node_id)?;
+    crate::cluster::claim_checkpoint_key(&store, &public_key).await?;
     let (tokens, source) = Tokens::load(&args.ledger.data_dir)?;
     match &source {
         TokenSource::Environment => tracing::info!("API tokens from AETHER_TOKENS"),
@@ -178,10 +184,21 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         every_events: args.checkpoint_every_events.max(1),
         every: Duration::from_secs(args.checkpoint_every_secs.max(1)),
     };
-    let checkpointer = tokio::spawn(run_checkpointer(
+    // The cluster's duties run under leases (on SQLite: simply held). Their own stop comes
+    // after the duties' last writes, so that the final checkpoint is signed under the lease.
+    let (lease_stop_tx, lease_stop_rx) = tokio::sync::watch::channel(false);
+    let (checkpointer_lease, checkpointer_lease_task) = crate::cluster::lease(
+        &store,
+        &args.cluster,
+        CHECKPOINTER_LEASE,
+        &node_id,
+        lease_stop_rx.clone(),
+    );
+    let checkpointer = tokio::spawn(run_checkpointer_under(
         store.clone(),
         signer,
         policy,
+        checkpointer_lease,
         stop_rx.clone(),
     ));
     let upkeep = {
@@ -272,8 +289,19 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .await?;
         tracing::info!(grpc = %addr, "clearing gateway serving (mTLS)");
         println!("aether clearing on https://{addr}");
-        Some(task)
+        Some((addr, task))
     };
+    let heartbeat = crate::cluster::heartbeat(
+        store.clone(),
+        node_id.clone(),
+        format!("http://{local}"),
+        grpc.as_ref()
+            .map(|(addr, _)| format!("https://{addr}"))
+            .unwrap_or_default(),
+        lease_stop_rx,
+    );
+    let grpc = grpc.map(|(_, task)| task);
+    tracing::info!(node_id = %node_id, "cluster node");
     let schema_base = format!("http://{local}");
     // Lineage and the Merkle log follow the ledger on a lower-priority runtime, over
     // connections of their own (a connection belongs to the runtime that opened it).
@@ -321,6 +349,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         metrics,
         merkle,
         control,
+        node_id: node_id.clone().into(),
     };
     let app = router(state).layer(axum::Extension(Arc::new(args.audit.audit_reveal)));
     // A failure of the HTTP server still stops everything in order below.
@@ -348,6 +377,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Err(e) => tracing::error!(error = %e, "checkpointer task failed"),
         Ok(Ok(())) => {}
     }
+    // The duties' last writes are done: give the leases up so another node takes over now.
+    let _ = lease_stop_tx.send(true);
+    let _ = checkpointer_lease_task.await;
+    let _ = heartbeat.await;
     follower.abort();
     drain_relay(&store, http_relay.is_some()).await;
     let _ = relay_stop_tx.send(true);

@@ -222,6 +222,7 @@ mod tests {
                 .handle(),
             merkle: MerkleLog::default(),
             control,
+            node_id: "test-node".into(),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await

@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aether_gpu_worker::{ClearingModel, Netting, Score, Trade, TradeContext, net};
-use aether_ledger::{AppendToStream, Committed, EventStore, ExpectedVersion, NewEvent};
+use aether_ledger::{
+    AppendToStream, Committed, EventStore, ExpectedVersion, LedgerError, NewEvent,
+};
 use serde_json::json;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use uuid::Uuid;
@@ -108,7 +110,21 @@ pub struct Scored {
 }
 
 /// A decision on its way back to its batch, with where to send its committed position.
-type Decided = (String, NewEvent, oneshot::Sender<Result<Committed, String>>);
+type Decided = (
+    String,
+    NewEvent,
+    oneshot::Sender<Result<Committed, RecordError>>,
+);
+
+/// Why a decision was not recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordError {
+    /// Another decision for the same member and request id is on the ledger already (made
+    /// by another node or process at the same time): that one stands.
+    AlreadyDecided,
+    /// The batch could not be recorded.
+    Failed(String),
+}
 
 /// The way back for a scored trade's decision: the batch appends its `NettingComputed`
 /// and every decision its trades send, atomically, so the netting is never on the ledger
@@ -121,9 +137,14 @@ pub struct Recorder {
 
 impl Recorder {
     /// Records `event` on `stream_id` with the batch; answers once it is committed.
-    pub async fn record(self, stream_id: String, event: NewEvent) -> Result<Committed, String> {
+    pub async fn record(
+        self,
+        stream_id: String,
+        event: NewEvent,
+    ) -> Result<Committed, RecordError> {
         let (reply, committed) = oneshot::channel();
-        let stopped = || "the batch stopped before the decision was recorded".to_owned();
+        let stopped =
+            || RecordError::Failed("the batch stopped before the decision was recorded".into());
         self.tx
             .send((stream_id, event, reply))
             .map_err(|_| stopped())?;
@@ -473,26 +494,87 @@ async fn record(store: &EventStore, recording: Recording) {
         .into_iter()
         .filter_map(Result::ok)
         .collect();
+    let mut decided = decided;
+    // A decision another node recorded for the same request id meanwhile fails the atomic
+    // append (the database allows one per member and request id): those are answered as
+    // already decided, and the batch is recorded without them.
+    for attempt in 0..3 {
+        let (appends, positions) = parts(&netting, &decided);
+        match store.append_multi(appends).await {
+            Ok(committed) => {
+                for ((_, _, reply), position) in decided.into_iter().zip(positions) {
+                    let answer = committed.get(position).cloned().ok_or_else(|| {
+                        RecordError::Failed(
+                            "the ledger returned fewer positions than events".to_owned(),
+                        )
+                    });
+                    let _ = reply.send(answer);
+                }
+                return;
+            }
+            Err(LedgerError::RequestIdTaken { .. }) if attempt < 2 => {
+                match recorded_elsewhere(store, &decided).await {
+                    Ok(taken) if !taken.is_empty() => {
+                        let (gone, kept): (Vec<_>, Vec<_>) = decided
+                            .into_iter()
+                            .enumerate()
+                            .partition(|(i, _)| taken.contains(i));
+                        for (_, (_, _, reply)) in gone {
+                            let _ = reply.send(Err(RecordError::AlreadyDecided));
+                        }
+                        decided = kept.into_iter().map(|(_, d)| d).collect();
+                    }
+                    _ => {
+                        fail(
+                            decided,
+                            "a decision's request id is taken, but by which is unknown",
+                        );
+                        return;
+                    }
+                }
+            }
+            Err(e) => {
+                fail(
+                    decided,
+                    &format!("the batch's netting and decisions could not be recorded: {e}"),
+                );
+                return;
+            }
+        }
+    }
+    fail(
+        decided,
+        "the batch's request ids kept being taken by other decisions",
+    );
+}
+
+fn fail(decided: Vec<Decided>, reason: &str) {
+    for (_, _, reply) in decided {
+        let _ = reply.send(Err(RecordError::Failed(reason.to_owned())));
+    }
+}
+
+/// The netting (first) and the decisions grouped by stream (a stream may appear once in
+/// an append), and where each decision's committed position will be.
+fn parts(netting: &NewEvent, decided: &[Decided]) -> (Vec<AppendToStream>, Vec<usize>) {
     let mut appends = vec![AppendToStream {
         stream_id: NETTING_STREAM.to_owned(),
         expected: ExpectedVersion::Any,
-        events: vec![netting],
+        events: vec![netting.clone()],
     }];
-    // One part per stream (a stream may appear once in an append), the netting's included.
-    let mut streams: HashMap<String, usize> = HashMap::from([(NETTING_STREAM.to_owned(), 0)]);
-    // Where each decision sits in its stream's part.
-    let mut waiting = Vec::with_capacity(decided.len());
-    for (stream_id, event, reply) in decided {
-        let part = *streams.entry(stream_id.clone()).or_insert_with(|| {
+    let mut streams: HashMap<&str, usize> = HashMap::from([(NETTING_STREAM, 0)]);
+    let mut placed = Vec::with_capacity(decided.len());
+    for (stream_id, event, _) in decided {
+        let part = *streams.entry(stream_id.as_str()).or_insert_with(|| {
             appends.push(AppendToStream {
-                stream_id,
+                stream_id: stream_id.clone(),
                 expected: ExpectedVersion::Any,
                 events: Vec::new(),
             });
             appends.len() - 1
         });
-        waiting.push((part, appends[part].events.len(), reply));
-        appends[part].events.push(event);
+        placed.push((part, appends[part].events.len()));
+        appends[part].events.push(event.clone());
     }
     // Committed positions come back in the order of the parts and their events.
     let mut offsets = Vec::with_capacity(appends.len());
@@ -501,21 +583,43 @@ async fn record(store: &EventStore, recording: Recording) {
         offsets.push(offset);
         offset += part.events.len();
     }
-    match store.append_multi(appends).await {
-        Ok(committed) => {
-            for (part, index, reply) in waiting {
-                let position = committed
-                    .get(offsets[part] + index)
-                    .cloned()
-                    .ok_or_else(|| "the ledger returned fewer positions than events".to_owned());
-                let _ = reply.send(position);
-            }
-        }
-        Err(e) => {
-            let reason = format!("the batch's netting and decisions could not be recorded: {e}");
-            for (_, _, reply) in waiting {
-                let _ = reply.send(Err(reason.clone()));
-            }
-        }
-    }
+    let positions = placed
+        .into_iter()
+        .map(|(part, index)| offsets[part] + index)
+        .collect();
+    (appends, positions)
+}
+
+/// Which of `decided` (by index) already have a decision recorded for their stream and
+/// request id.
+async fn recorded_elsewhere(
+    store: &EventStore,
+    decided: &[Decided],
+) -> Result<Vec<usize>, LedgerError> {
+    let request_id = |event: &NewEvent| {
+        event.metadata["request_id"]
+            .as_str()
+            .map(str::to_owned)
+            .unwrap_or_default()
+    };
+    let ids: Vec<String> = decided.iter().map(|(_, e, _)| request_id(e)).collect();
+    let found = store
+        .find_by_metadata("request_id", &ids, crate::clearing::CLEARING_DECIDED)
+        .await?;
+    let on_ledger: std::collections::HashSet<(String, String)> = found
+        .iter()
+        .filter_map(|e| {
+            let metadata = e.metadata_value().ok()?;
+            Some((
+                e.stream_id.clone(),
+                metadata["request_id"].as_str()?.to_owned(),
+            ))
+        })
+        .collect();
+    Ok(decided
+        .iter()
+        .enumerate()
+        .filter(|(_, (stream, event, _))| on_ledger.contains(&(stream.clone(), request_id(event))))
+        .map(|(i, _)| i)
+        .collect())
 }

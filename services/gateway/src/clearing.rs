@@ -21,7 +21,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::sync::{OnceCell, oneshot};
 
-use crate::batcher::{Batcher, BatcherConfig, Job, ModelHandle};
+use crate::batcher::{Batcher, BatcherConfig, Job, ModelHandle, RecordError};
 use crate::lookups::RecordedLookups;
 use crate::observations::{
     Observed, ShadowJob, ShadowQueue, ShadowSettings, Verdict, feature_map, in_shadow_sample,
@@ -543,11 +543,30 @@ impl ClearingGateway {
             "snapshot_id": snapshot_id,
         })));
         // Committed with the batch's netting, in one append.
-        let committed = scored
+        let committed = match scored
             .recorder
             .record(clearing_stream(&s.member_id), event)
             .await
-            .map_err(ClearError::Ledger)?;
+        {
+            Ok(committed) => committed,
+            // Another node or process decided this request id at the same moment: the
+            // database kept that decision, and this caller gets it (or the refusal if it
+            // was for another trade).
+            Err(RecordError::AlreadyDecided) => {
+                let recorded = self
+                    .inner
+                    .lookups
+                    .recorded(&s.member_id, &s.request_id)
+                    .await?
+                    .ok_or_else(|| {
+                        ClearError::Ledger(
+                            "the decision that took this request id cannot be read".into(),
+                        )
+                    })?;
+                return same_trade(recorded, digest).map(replayed);
+            }
+            Err(RecordError::Failed(e)) => return Err(ClearError::Ledger(e)),
+        };
         self.inner
             .risk
             .record(&trade, decision == Decision::Cleared, now);

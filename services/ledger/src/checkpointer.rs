@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::checkpoint::{CHECKPOINT_STREAM, CheckpointSigner, SignedCheckpoint};
+use crate::cluster::HeldLease;
 use crate::error::LedgerError;
 use crate::event::{ExpectedVersion, ledger_now};
 use crate::merkle::Frontier;
@@ -45,6 +46,29 @@ pub async fn run_checkpointer(
     store: EventStore,
     signer: CheckpointSigner,
     policy: CheckpointPolicy,
+    stop: watch::Receiver<bool>,
+) -> Result<(), LedgerError> {
+    run_checkpointer_under(
+        store,
+        signer,
+        policy,
+        HeldLease::always(CHECKPOINTER_LEASE),
+        stop,
+    )
+    .await
+}
+
+/// The lease under which one node of a cluster signs checkpoints.
+pub const CHECKPOINTER_LEASE: &str = "checkpointer";
+
+/// [`run_checkpointer`] that signs only while `lease` is held, each checkpoint fenced
+/// with its token: on a cluster every node follows the ledger, one signs, and a node that
+/// lost the lease while paused cannot append a checkpoint when it wakes.
+pub async fn run_checkpointer_under(
+    store: EventStore,
+    signer: CheckpointSigner,
+    policy: CheckpointPolicy,
+    mut lease: HeldLease,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), LedgerError> {
     let mut committed = store.committed_seq();
@@ -56,6 +80,8 @@ pub async fn run_checkpointer(
         every_events: policy.every_events,
         frontier: Frontier::new(),
         last_size: None,
+        lease: lease.clone(),
+        signed_under: None,
     };
     let mut retrying = Retrying::new("checkpointer", "aether_ledger_checkpointer_failing");
     loop {
@@ -71,6 +97,7 @@ pub async fn run_checkpointer(
                     _ = ticker.tick() => signing.sign_uncovered().await,
                     _ = committed.changed() => Ok(()),
                     _ = stop.changed() => Ok(()),
+                    _ = lease.changed() => Ok(()),
                     // Other processes may write the same database.
                     _ = tokio::time::sleep(RETRY_EVERY) => Ok(()),
                 }
@@ -92,9 +119,37 @@ struct Signing {
     every_events: u64,
     frontier: Frontier,
     last_size: Option<u64>,
+    lease: HeldLease,
+    /// The token this process last signed under: another token means another node may
+    /// have signed meanwhile, so the newest checkpoint is read again.
+    signed_under: Option<u64>,
 }
 
 impl Signing {
+    /// The token to sign under now, if this process holds the lease.
+    fn token(&mut self) -> Option<u64> {
+        let token = self.lease.token()?;
+        if self.signed_under != Some(token) {
+            self.signed_under = Some(token);
+            self.last_size = None;
+        }
+        Some(token)
+    }
+
+    async fn sign(&mut self, token: u64) -> Result<(), LedgerError> {
+        self.last_size = Some(
+            sign(
+                &self.store,
+                &self.signer,
+                &self.frontier,
+                &self.lease,
+                token,
+            )
+            .await?,
+        );
+        Ok(())
+    }
+
     async fn last_size(&mut self) -> Result<u64, LedgerError> {
         match self.last_size {
             Some(size) => Ok(size),
@@ -118,8 +173,11 @@ impl Signing {
             let at_end = page.len() < PAGE as usize;
             for (_, hash) in &page {
                 self.frontier.push(hash);
+                let Some(token) = self.token() else {
+                    continue;
+                };
                 if self.frontier.size() >= self.last_size().await? + self.every_events {
-                    self.last_size = Some(sign(&self.store, &self.signer, &self.frontier).await?);
+                    self.sign(token).await?;
                 }
             }
             if at_end {
@@ -130,11 +188,14 @@ impl Signing {
 
     /// Signs if any event but the last checkpoint itself is uncovered.
     async fn sign_uncovered(&mut self) -> Result<(), LedgerError> {
+        let Some(token) = self.token() else {
+            return Ok(());
+        };
         let last_size = self.last_size().await?;
         // The checkpoint event itself is the one uncovered event after a signing.
         let size = self.frontier.size();
         if size > last_size + 1 || (last_size == 0 && size > 0) {
-            self.last_size = Some(sign(&self.store, &self.signer, &self.frontier).await?);
+            self.sign(token).await?;
         }
         Ok(())
     }
@@ -144,14 +205,14 @@ async fn sign(
     store: &EventStore,
     signer: &CheckpointSigner,
     frontier: &Frontier,
+    lease: &HeldLease,
+    token: u64,
 ) -> Result<u64, LedgerError> {
     let checkpoint = signer.sign(frontier.size(), frontier.root(), ledger_now());
+    let mut event = checkpoint.to_event();
+    lease.fence(&mut event.metadata, token);
     store
-        .append(
-            CHECKPOINT_STREAM,
-            ExpectedVersion::Any,
-            vec![checkpoint.to_event()],
-        )
+        .append(CHECKPOINT_STREAM, ExpectedVersion::Any, vec![event])
         .await?;
     metrics::counter!("aether_ledger_checkpoints_total").increment(1);
     metrics::gauge!("aether_ledger_checkpoint_tree_size").set(frontier.size() as f64);

@@ -104,6 +104,15 @@ pub enum LedgerError {
         seen: u64,
     },
 
+    #[error("{0}")]
+    Fenced(String),
+
+    #[error("a decision for this request id is already recorded ({detail}); one per request id")]
+    RequestIdTaken { detail: String },
+
+    #[error("leases need the PostgreSQL ledger; SQLite is a single node")]
+    LeasesNeedPostgres,
+
     #[error("the Merkle log's file: {0}")]
     MerkleFile(String),
 
@@ -146,7 +155,9 @@ impl LedgerError {
     pub fn is_conflict(&self) -> bool {
         matches!(
             self,
-            LedgerError::WrongExpectedVersion { .. } | LedgerError::DuplicateEventId { .. }
+            LedgerError::WrongExpectedVersion { .. }
+                | LedgerError::DuplicateEventId { .. }
+                | LedgerError::RequestIdTaken { .. }
         )
     }
 }

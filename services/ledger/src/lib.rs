@@ -8,6 +8,7 @@
 
 pub mod checkpoint;
 pub mod checkpointer;
+pub mod cluster;
 pub mod error;
 pub mod event;
 pub mod hashing;

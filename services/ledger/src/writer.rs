@@ -563,6 +563,17 @@ async fn write_alone(db: &Db, cache: &mut ChainCache, appends: &[StreamAppend]) 
                 if let Some(event_id) = duplicate_id(db, appends).await {
                     return Err(LedgerError::DuplicateEventId { event_id });
                 }
+                if violates(&e, ONE_DECISION_INDEX) {
+                    return Err(request_id_taken(&e));
+                }
+            }
+            Err(e) if has_code(&e, crate::cluster::FENCED_SQLSTATE) => {
+                cache.invalidate();
+                let message = match &e {
+                    sqlx::Error::Database(d) => d.message().to_owned(),
+                    other => other.to_string(),
+                };
+                return Err(LedgerError::Fenced(message));
             }
             Err(e) => {
                 cache.invalidate();
@@ -606,6 +617,37 @@ fn is_unique_violation(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(d) if d.is_unique_violation())
 }
 
+/// The unique index that allows one decision per stream and request id.
+const ONE_DECISION_INDEX: &str = "events_one_decision";
+
+/// Whether the database named `index` as the one the row violated (PostgreSQL names the
+/// constraint; SQLite's message names the index or its columns).
+fn violates(e: &sqlx::Error, index: &str) -> bool {
+    let sqlx::Error::Database(d) = e else {
+        return false;
+    };
+    d.constraint() == Some(index)
+        || d.message().contains(index)
+        || d.message()
+            .contains("json_extract(metadata, '$.request_id')")
+}
+
+fn has_code(e: &sqlx::Error, code: &str) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some(code))
+}
+
+/// What the database said of the decision that already took a request id.
+fn request_id_taken(e: &sqlx::Error) -> LedgerError {
+    let detail = match e {
+        sqlx::Error::Database(d) => d
+            .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+            .and_then(|p| p.detail())
+            .map_or_else(|| d.message().to_owned(), str::to_owned),
+        other => other.to_string(),
+    };
+    LedgerError::RequestIdTaken { detail }
+}
+
 /// A row the database will not store, as opposed to a failure whose outcome is unknown (a
 /// lost connection): PostgreSQL's data exceptions and integrity violations (SQLSTATE classes
 /// 22 and 23), SQLite's constraint, mismatch and too-big results (primary codes 19, 20, 18).
@@ -616,7 +658,7 @@ fn is_refused_row(e: &sqlx::Error) -> bool {
     let Some(code) = d.code() else {
         return false;
     };
-    if code.starts_with("22") || code.starts_with("23") {
+    if code.starts_with("22") || code.starts_with("23") || code == crate::cluster::FENCED_SQLSTATE {
         return true;
     }
     code.parse::<i32>()

@@ -1,0 +1,198 @@
+//! The node's place in its cluster: its id, its heartbeat, the checkpoint key every node
+//! must share, the leases its singleton duties run under, and `GET /v1/cluster`.
+//!
+//! A cluster is the set of `aether serve` processes on one PostgreSQL ledger. SQLite is the
+//! single-node embedded default: one process holds its data directory (`serve.lock`).
+
+use std::time::Duration;
+
+use aether_ledger::EventStore;
+use aether_ledger::cluster::{HeldLease, LeaseConfig, keep_lease};
+use aether_ledger::hashing::sm3;
+use anyhow::bail;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use clap::Args;
+use serde_json::json;
+use tokio::sync::watch;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::auth::Role;
+use crate::http::{AppState, Problem, authorize};
+
+/// The setting under which the cluster's checkpoint public key is recorded.
+const CHECKPOINT_KEY_SETTING: &str = "checkpoint_public_key";
+
+/// How often a node beats.
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
+
+#[derive(Args, Debug, Clone)]
+pub struct ClusterArgs {
+    /// This node's id in its cluster. Default: the host name and a digest of the data
+    /// directory, so that two nodes on one host differ.
+    #[arg(long, env = "AETHER_NODE_ID")]
+    pub node_id: Option<String>,
+    /// How long a singleton duty's lease lasts without renewal (milliseconds, 500–60000):
+    /// when its holder dies, another node takes the duty within about this long plus a
+    /// third of it.
+    #[arg(long, env = "AETHER_LEASE_TTL_MS", default_value_t = 3000,
+          value_parser = clap::value_parser!(u64).range(500..=60_000))]
+    pub lease_ttl_ms: u64,
+}
+
+impl ClusterArgs {
+    /// The node id: as given, or `<host>-<first 4 bytes of SM3(data dir)>`.
+    pub fn node_id(&self, data_dir: &std::path::Path) -> String {
+        if let Some(id) = &self.node_id {
+            return id.clone();
+        }
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|h| h.trim().to_owned())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "node".to_owned());
+        let dir = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_owned());
+        let digest = sm3(dir.to_string_lossy().as_bytes());
+        format!("{host}-{}", hex::encode(&digest[..4]))
+    }
+
+    /// A duty's lease for this node.
+    pub fn lease(&self, name: &str, node_id: &str) -> LeaseConfig {
+        LeaseConfig {
+            name: name.to_owned(),
+            holder: node_id.to_owned(),
+            ttl: Duration::from_millis(self.lease_ttl_ms),
+        }
+    }
+}
+
+/// Checks the node's node id: 1–64 letters, digits, `.`, `_` or `-`.
+pub fn check_node_id(id: &str) -> anyhow::Result<()> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if !ok {
+        bail!("--node-id {id:?} must be 1-64 letters, digits, '.', '_' or '-'");
+    }
+    Ok(())
+}
+
+/// A key's fingerprint as evidence bundles name it: SM3 of its SEC1 bytes, hex.
+fn fingerprint(public_key_hex: &str) -> String {
+    hex::decode(public_key_hex)
+        .map(|bytes| hex::encode(sm3(&bytes)))
+        .unwrap_or_else(|_| public_key_hex.to_owned())
+}
+
+/// One signer for the cluster: the first node records its checkpoint public key in the
+/// ledger database; a node with another key refuses to start (checkpoints signed by two
+/// keys would fail `aether verify` against either).
+pub async fn claim_checkpoint_key(store: &EventStore, public_key_hex: &str) -> anyhow::Result<()> {
+    let recorded = store
+        .claim_setting(CHECKPOINT_KEY_SETTING, public_key_hex)
+        .await?;
+    if recorded != public_key_hex {
+        bail!(
+            "this node's checkpoint key (fingerprint {}) is not the cluster's (fingerprint {}): \
+             every node of a cluster signs with the same key; start it with --checkpoint-key \
+             (AETHER_CHECKPOINT_KEY) naming the cluster's private key",
+            fingerprint(public_key_hex),
+            fingerprint(&recorded)
+        );
+    }
+    Ok(())
+}
+
+/// Beats for this node every second until `stop`.
+pub fn heartbeat(
+    store: EventStore,
+    node_id: String,
+    http_address: String,
+    grpc_address: String,
+    mut stop: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let started: DateTime<Utc> = Utc::now();
+    tokio::spawn(async move {
+        let version = env!("CARGO_PKG_VERSION");
+        let mut failing = false;
+        loop {
+            match store
+                .heartbeat(&node_id, &http_address, &grpc_address, version, started)
+                .await
+            {
+                Ok(()) if failing => {
+                    failing = false;
+                    tracing::info!("heartbeats recorded again");
+                }
+                Ok(()) => {}
+                Err(e) if !failing => {
+                    failing = true;
+                    tracing::warn!(error = %e, "cannot record this node's heartbeat");
+                }
+                Err(_) => {}
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(HEARTBEAT_EVERY) => {}
+                _ = stop.changed() => return,
+            }
+        }
+    })
+}
+
+/// Keeps a duty's lease for this node (see [`keep_lease`]).
+pub fn lease(
+    store: &EventStore,
+    args: &ClusterArgs,
+    name: &str,
+    node_id: &str,
+    stop: watch::Receiver<bool>,
+) -> (HeldLease, tokio::task::JoinHandle<()>) {
+    keep_lease(store.clone(), args.lease(name, node_id), stop)
+}
+
+/// The cluster routes, documented (see [`crate::openapi`]).
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(cluster))
+}
+
+/// `GET /v1/cluster` (operator, regulator): the nodes and who holds which duty.
+#[utoipa::path(get, path = "/v1/cluster", tag = "cluster",
+    description = "The nodes of this node's cluster (those on the same PostgreSQL ledger): id, addresses, version, last heartbeat, and the duties (leases) each holds, with their fencing tokens. On SQLite, the one node. Role: operator or regulator.",
+    responses((status = 200, description = "`{node_id, ledger, nodes: [{node_id, http_address, grpc_address, version, started_at, heartbeat_at, silent_ms, duties}], leases: [{name, holder, token, acquired_at, expires_at, live}]}`", body = serde_json::Value)))]
+async fn cluster(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, Problem> {
+    authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
+    let leases = state.store.leases().await?;
+    let nodes: Vec<serde_json::Value> = state
+        .store
+        .nodes()
+        .await?
+        .into_iter()
+        .map(|n| {
+            let duties: Vec<&str> = leases
+                .iter()
+                .filter(|l| l.live && l.holder == n.node_id)
+                .map(|l| l.name.as_str())
+                .collect();
+            let mut node = serde_json::to_value(&n).unwrap_or_default();
+            node["duties"] = json!(duties);
+            node
+        })
+        .collect();
+    let ledger = if state.store.postgres_pool().is_some() {
+        "postgres"
+    } else {
+        "sqlite"
+    };
+    Ok(axum::Json(json!({
+        "node_id": &*state.node_id,
+        "ledger": ledger,
+        "nodes": nodes,
+        "leases": leases,
+    }))
+    .into_response())
+}

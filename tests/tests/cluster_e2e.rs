@@ -1,0 +1,322 @@
+//! Several `aether serve` nodes on one PostgreSQL ledger, as real processes: one checkpoint
+//! signer for the cluster, membership at `GET /v1/cluster`, and the checkpointer's lease
+//! failing over when its holder is killed or paused, with the database refusing what a
+//! paused holder writes under its old lease.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use aether_e2e::{OPERATOR_TOKEN, REGULATOR_TOKEN, Server, all_events, http, run_aether};
+use aether_ledger::checkpoint::{PRIVATE_KEY_FILE, PUBLIC_KEY_FILE};
+use aether_ledger::testing::TestDatabase;
+use serde_json::{Value, json};
+
+const TTL_MS: &str = "1500";
+
+fn node(data: &Path, db: &TestDatabase, id: &str, key: Option<&Path>) -> Server {
+    let mut env = vec![
+        ("DATABASE_URL", db.url.as_str()),
+        ("AETHER_NODE_ID", id),
+        ("AETHER_LEASE_TTL_MS", TTL_MS),
+        ("AETHER_CHECKPOINT_EVERY_SECS", "1"),
+    ];
+    let key = key.map(|k| k.to_str().unwrap().to_owned());
+    if let Some(k) = &key {
+        env.push(("AETHER_CHECKPOINT_KEY", k.as_str()));
+    }
+    Server::start(data, &env)
+}
+
+async fn cluster(server: &Server) -> Value {
+    http()
+        .get(server.url("/v1/cluster"))
+        .bearer_auth(REGULATOR_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// The node holding the checkpointer's live lease, and its token.
+fn checkpointer(cluster: &Value) -> Option<(String, u64)> {
+    cluster["leases"].as_array()?.iter().find_map(|l| {
+        (l["name"] == "checkpointer" && l["live"] == true).then(|| {
+            (
+                l["holder"].as_str().unwrap().to_owned(),
+                l["token"].as_u64().unwrap(),
+            )
+        })
+    })
+}
+
+/// Polls `server`'s view until `holder` holds the checkpointer; the time it took.
+async fn wait_for_holder(server: &Server, holder: &str) -> (Duration, u64) {
+    let started = Instant::now();
+    loop {
+        if let Some((h, token)) = checkpointer(&cluster(server).await)
+            && h == holder
+        {
+            return (started.elapsed(), token);
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{holder} never took the checkpointer"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn append(server: &Server, n: u64) {
+    let resp = http()
+        .post(server.url("/v1/events"))
+        .bearer_auth(OPERATOR_TOKEN)
+        .json(&json!({"stream_id": format!("notes/{n}"), "events": [{"event_type": "Note", "payload": {"n": n}}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+}
+
+/// Every checkpoint's fence token, in seq order, once one covers `seq`.
+async fn checkpoint_tokens_covering(server: &Server, seq: u64) -> Vec<u64> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let events = all_events(server).await;
+        let checkpoints: Vec<&Value> = events
+            .iter()
+            .filter(|e| e["event_type"] == "CheckpointSigned")
+            .collect();
+        if checkpoints
+            .iter()
+            .any(|c| c["payload"]["tree_size"].as_u64() >= Some(seq))
+        {
+            return checkpoints
+                .iter()
+                .map(|c| {
+                    c["metadata"]["fence"]["token"]
+                        .as_u64()
+                        .expect("a fenced checkpoint")
+                })
+                .collect();
+        }
+        assert!(Instant::now() < deadline, "no checkpoint covers seq {seq}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn head(server: &Server) -> u64 {
+    let ready: Value = http()
+        .get(server.url("/readyz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    ready["head_seq"].as_u64().unwrap()
+}
+
+fn signal(server: &Server, name: &str) {
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{name}"), &server.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_share_one_signer_and_the_checkpointer_fails_over() {
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let node_a = node(&dir.path().join("a"), &db, "node-a", None);
+    let key = dir.path().join("a").join("keys").join(PRIVATE_KEY_FILE);
+
+    // A node with a key of its own is refused, naming both fingerprints.
+    let out = run_aether(
+        &[
+            "serve",
+            "--data-dir",
+            dir.path().join("stranger").to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--node-id",
+            "stranger",
+        ],
+        &[("DATABASE_URL", db.url.as_str())],
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("is not the cluster's (fingerprint"),
+        "{stderr}"
+    );
+
+    // With the cluster's key a second node joins; both are listed, node-a signs.
+    let node_b = node(&dir.path().join("b"), &db, "node-b", Some(&key));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let view = cluster(&node_b).await;
+        let ids: Vec<&str> = view["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["node_id"].as_str().unwrap())
+            .collect();
+        if ids.contains(&"node-a") && ids.contains(&"node-b") && checkpointer(&view).is_some() {
+            assert_eq!(view["node_id"], "node-b");
+            assert_eq!(view["ledger"], "postgres");
+            let a = view["nodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|n| n["node_id"] == "node-a")
+                .unwrap();
+            assert_eq!(a["duties"], json!(["checkpointer"]), "{view}");
+            assert!(
+                a["http_address"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("http://127.0.0.1:")
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the cluster never showed both nodes: {view}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (_, first_token) = wait_for_holder(&node_b, "node-a").await;
+    for n in 0..10 {
+        append(if n % 2 == 0 { &node_a } else { &node_b }, n).await;
+    }
+    checkpoint_tokens_covering(&node_b, head(&node_b).await - 1).await;
+
+    // SIGKILL the holder: node-b takes the duty and signs under a higher token.
+    node_a.kill();
+    let (took, token) = wait_for_holder(&node_b, "node-b").await;
+    println!(
+        "checkpointer failover after SIGKILL: {} ms",
+        took.as_millis()
+    );
+    assert!(token > first_token);
+    for n in 10..20 {
+        append(&node_b, n).await;
+    }
+    let tokens = checkpoint_tokens_covering(&node_b, head(&node_b).await - 1).await;
+    assert_eq!(tokens.last(), Some(&token), "{tokens:?}");
+
+    // node-a comes back; node-b is paused past its lease, node-a takes over, node-b wakes.
+    let node_a = node(&dir.path().join("a"), &db, "node-a", None);
+    signal(&node_b, "STOP");
+    let (took, paused_token) = wait_for_holder(&node_a, "node-a").await;
+    println!(
+        "checkpointer failover after SIGSTOP: {} ms",
+        took.as_millis()
+    );
+    for n in 20..30 {
+        append(&node_a, n).await;
+    }
+    signal(&node_b, "CONT");
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    for n in 30..35 {
+        append(&node_b, n).await;
+    }
+    let tokens = checkpoint_tokens_covering(&node_a, head(&node_a).await - 1).await;
+    assert!(
+        tokens.windows(2).all(|w| w[0] <= w[1]),
+        "a checkpoint under an old token: {tokens:?}"
+    );
+    assert!(tokens.contains(&paused_token), "{tokens:?}");
+
+    // One chain, every checkpoint signed by the one cluster key.
+    assert!(node_a.terminate().success());
+    assert!(node_b.terminate().success());
+    let public = dir.path().join("a").join("keys").join(PUBLIC_KEY_FILE);
+    let out = run_aether(
+        &[
+            "verify",
+            "--public-key",
+            public.to_str().unwrap(),
+            "--data-dir",
+            dir.path().join("a").to_str().unwrap(),
+        ],
+        &[("DATABASE_URL", db.url.as_str())],
+    );
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    db.drop_database().await;
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// The same member and request id submitted at the same moment to two nodes: the database
+/// keeps one decision, and both callers get it (one of them as a replay), every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_decision_for_a_request_id_raced_to_two_nodes() {
+    use aether_e2e::clearing::{activate, client, decisions, trade};
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (a_dir, b_dir) = (dir.path().join("a"), dir.path().join("b"));
+    let node_a = node(&a_dir, &db, "node-a", None);
+    activate(&node_a).await;
+    // One PKI, envelope key and checkpoint key for the cluster's members and nodes.
+    copy_dir(&a_dir.join("certs"), &b_dir.join("certs"));
+    copy_dir(&a_dir.join("keys"), &b_dir.join("keys"));
+    let node_b = node(&b_dir, &db, "node-b", None);
+    for round in 0..20i64 {
+        let request_id = format!("race-{round}");
+        let mut at_a = client(&node_a, &a_dir, "bank-a").await;
+        let mut at_b = client(&node_b, &b_dir, "bank-a").await;
+        let (ra, rb) = (request_id.clone(), request_id.clone());
+        let t = trade(100_000 + round);
+        let (ta, tb) = (t.clone(), t.clone());
+        let (a, b) = tokio::join!(
+            tokio::spawn(async move { at_a.submit(&ra, &ta).await }),
+            tokio::spawn(async move { at_b.submit(&rb, &tb).await }),
+        );
+        let (a, b) = (a.unwrap().unwrap(), b.unwrap().unwrap());
+        assert_eq!(
+            a.receipt, b.receipt,
+            "{request_id}: two different decisions answered"
+        );
+        assert_ne!(
+            a.replayed, b.replayed,
+            "{request_id}: one decides, the other replays"
+        );
+    }
+    let recorded = decisions(&node_b).await;
+    let mut ids: Vec<&str> = recorded
+        .iter()
+        .map(|e| e["metadata"]["request_id"].as_str().unwrap())
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(
+        (recorded.len(), ids.len()),
+        (20, 20),
+        "one decision per request id"
+    );
+    assert!(node_a.terminate().success());
+    assert!(node_b.terminate().success());
+    db.drop_database().await;
+}
