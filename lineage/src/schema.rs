@@ -16,6 +16,71 @@ use std::sync::{Arc, Mutex, OnceLock};
 use jsonschema::{Registry, Validator};
 use serde_json::{Value, json};
 
+/// Largest integer magnitude JSON numbers carry exactly (IEEE-754 doubles).
+const MAX_SAFE_INTEGER: f64 = 9_007_199_254_740_991.0;
+
+/// What an event holds that cannot be stored and read back unchanged: U+0000 in any text
+/// (PostgreSQL's JSON refuses it) and numbers past ±(2^53 − 1) (they would come back
+/// rounded), each named by its JSON pointer.
+fn unstorable(value: &Value, at: &mut String, violations: &mut Vec<String>) {
+    let here = |at: &str| {
+        if at.is_empty() {
+            "/".to_owned()
+        } else {
+            at.to_owned()
+        }
+    };
+    match value {
+        Value::String(text) if text.contains('\0') => {
+            violations.push(format!(
+                "at {}: text contains U+0000, which cannot be stored",
+                here(at)
+            ));
+        }
+        Value::Number(n) => {
+            let exact = n
+                .as_u64()
+                .map(|u| u as f64)
+                .or_else(|| n.as_i64().map(|i| i as f64));
+            let magnitude = exact.or_else(|| n.as_f64()).unwrap_or(0.0).abs();
+            if magnitude > MAX_SAFE_INTEGER {
+                violations.push(format!(
+                    "at {}: number {n} cannot be stored exactly (|n| > 2^53 - 1); send it as a string",
+                    here(at)
+                ));
+            }
+        }
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                let len = at.len();
+                at.push_str(&format!("/{i}"));
+                unstorable(item, at, violations);
+                at.truncate(len);
+            }
+        }
+        Value::Object(map) => {
+            for (key, item) in map {
+                let len = at.len();
+                at.push('/');
+                at.push_str(
+                    &key.replace('~', "~0")
+                        .replace('/', "~1")
+                        .replace('\0', "\\u0000"),
+                );
+                if key.contains('\0') {
+                    violations.push(format!(
+                        "at {at}: a member name contains U+0000, which cannot be stored"
+                    ));
+                } else {
+                    unstorable(item, at, violations);
+                }
+                at.truncate(len);
+            }
+        }
+        _ => {}
+    }
+}
+
 /// `$id` of the OpenLineage spec the events are checked against.
 pub const OPENLINEAGE_SPEC_ID: &str = "https://openlineage.io/spec/2-0-2/OpenLineage.json";
 
@@ -199,6 +264,11 @@ impl OpenLineageSchemas {
     pub fn validate(&'static self, event: &Value) -> Result<EventKind, SchemaViolation> {
         let kind = EventKind::of(event);
         let mut violations = Vec::new();
+        unstorable(event, &mut String::new(), &mut violations);
+        if !violations.is_empty() {
+            violations.truncate(MAX_ERRORS);
+            return Err(SchemaViolation { violations });
+        }
         let own = format!("{OPENLINEAGE_SPEC_ID}#/$defs/{}", kind.definition());
         self.check(&own, event, "", &mut violations);
         if violations.is_empty() {
@@ -336,6 +406,38 @@ mod tests {
         );
         assert!(OpenLineageSchemas::get().validate(&json!([])).is_err());
         assert!(OpenLineageSchemas::get().validate(&json!({})).is_err());
+    }
+
+    /// Text and numbers a database would change are refused with their JSON pointer, before
+    /// any schema check: U+0000 anywhere, numbers past ±(2^53 − 1) in any form.
+    #[test]
+    fn unstorable_values_are_named_by_their_pointer() {
+        let event: Value = serde_json::from_str(
+            r#"{"job": {"namespace": "ml", "name": "a\u0000b"},
+                "run": {"facets": {"x/y": {"n": 18446744073709551616, "m": [1, 1e16, 9007199254740991]}}}}"#,
+        )
+        .unwrap();
+        let violations = OpenLineageSchemas::get()
+            .validate(&event)
+            .unwrap_err()
+            .violations;
+        assert_eq!(violations.len(), 3, "{violations:?}");
+        assert!(
+            violations[0].starts_with("at /job/name: text contains U+0000"),
+            "{violations:?}"
+        );
+        assert!(
+            violations
+                .iter()
+                .any(|v| v.starts_with("at /run/facets/x~1y/n: number")),
+            "{violations:?}"
+        );
+        assert!(
+            violations
+                .iter()
+                .any(|v| v.starts_with("at /run/facets/x~1y/m/1: number ")),
+            "{violations:?}"
+        );
     }
 
     /// Every vendored facet file is embedded: a file added to `schemas/openlineage/facets`

@@ -311,3 +311,69 @@ async fn a_ledger_whose_newest_events_were_deleted_is_caught() {
     assert_eq!(max as u64, head - 23);
     db.close().await;
 }
+
+/// Malformed input never gets a server error: a NUL in a path or query, a seq past what
+/// the ledger can hold, a NUL inside an OpenLineage event: each a 4xx problem, and nothing
+/// is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_paths_queries_and_bodies_get_a_4xx_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &[]);
+    append(&server, "notes/a", "Note").await;
+    let before = all_events(&server).await.len();
+    for (path, status) in [
+        ("/v1/audit/events?member=%00", 400),
+        ("/v1/audit/events?stream_prefix=a%00b", 400),
+        ("/v1/audit/decisions/%00", 400),
+        ("/api/v1/jobs/runs/%00", 400),
+        ("/api/v1/namespaces/aether/jobs/a%00b", 400),
+        ("/v1/audit/events/9223372036854775808", 400),
+        ("/v1/events/9223372036854775808", 400),
+        ("/v1/events/9007199254740991", 404),
+        ("/v1/audit/proofs/inclusion?seq=9223372036854775808", 400),
+    ] {
+        let resp = http()
+            .get(server.url(path))
+            .bearer_auth(REGULATOR_TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), status, "{path}");
+        assert_eq!(
+            resp.headers()["content-type"],
+            "application/problem+json",
+            "{path}"
+        );
+    }
+    let event = json!({
+        "eventType": "COMPLETE", "eventTime": "2026-12-06T10:00:00Z",
+        "producer": "https://example.com/p",
+        "schemaURL": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/RunEvent",
+        "run": {"runId": "0193a3f5-7b2e-7c3d-8e4f-5a6b7c8d9e0f"},
+        "job": {"namespace": "ml", "name": "train\u{0}"}
+    });
+    let resp = http()
+        .post(server.url("/api/v1/lineage"))
+        .bearer_auth(OPERATOR_TOKEN)
+        .json(&event)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    assert!(
+        (400..500).contains(&status),
+        "{status}: {}",
+        resp.text().await.unwrap()
+    );
+    // Only the audit API's own access records were added.
+    let after = all_events(&server).await;
+    assert!(
+        after[before..]
+            .iter()
+            .all(|e| e["stream_id"] == "access/audit"),
+        "{:?}",
+        &after[before..]
+    );
+    assert!(server.terminate().success());
+}

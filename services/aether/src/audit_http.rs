@@ -295,10 +295,7 @@ async fn event(
     policy: crate::audit_decisions::Policy,
     Path(seq): Path<String>,
 ) -> Result<Response, Problem> {
-    let seq: u64 =
-        seq.parse().ok().filter(|s| *s >= 1).ok_or_else(|| {
-            Problem::bad_request(format!("seq must be an integer ≥ 1, got {seq:?}"))
-        })?;
+    let seq = crate::http::parse_seq(&seq)?;
     record_access(&state, &auditor, "event", json!({ "seq": seq })).await?;
     let event: RecordedEvent = state
         .store

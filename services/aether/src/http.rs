@@ -77,8 +77,44 @@ pub fn router(state: AppState) -> Router {
         .merge(crate::lineage_api::routes())
         .fallback(not_found)
         .layer(axum::middleware::from_fn(colour))
+        .layer(axum::middleware::from_fn(refuse_nul))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
+}
+
+/// The largest seq a caller may name: the largest integer JSON carries exactly (and that
+/// access records and answers can hold). A ledger reaches it after 285 years at a million
+/// events a second.
+pub(crate) const MAX_SEQ: u64 = (1 << 53) - 1;
+
+/// A seq from a path or query: an integer from 1 to [`MAX_SEQ`].
+pub(crate) fn parse_seq(seq: &str) -> Result<u64, Problem> {
+    seq.parse()
+        .ok()
+        .filter(|s| (1..=MAX_SEQ).contains(s))
+        .ok_or_else(|| {
+            Problem::bad_request(format!(
+                "seq must be an integer from 1 to {MAX_SEQ}, got {seq:?}"
+            ))
+        })
+}
+
+/// Refuses a request whose path or query holds U+0000 (`%00`) with 400: no route takes
+/// one, and passed on it would reach a database query (PostgreSQL refuses NUL in text)
+/// and come back as a server error instead of the caller's.
+async fn refuse_nul(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let uri = request.uri();
+    let raw = [uri.path(), uri.query().unwrap_or("")];
+    let has_nul = raw.iter().any(|part| {
+        part.contains('\0') || percent_encoding::percent_decode_str(part).any(|b| b == 0)
+    });
+    if has_nul {
+        return Problem::bad_request(
+            "the request's path or query contains U+0000 (%00), which no parameter accepts",
+        )
+        .into_response();
+    }
+    next.run(request).await
 }
 
 /// Traffic colouring on every call: validates `X-Trace-ID`, `traceparent`,
@@ -309,10 +345,7 @@ async fn lineage_record(
     Path(seq): Path<String>,
 ) -> Result<Response, Problem> {
     authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
-    let seq: u64 =
-        seq.parse().ok().filter(|s| *s >= 1).ok_or_else(|| {
-            Problem::bad_request(format!("seq must be an integer ≥ 1, got {seq:?}"))
-        })?;
+    let seq = crate::http::parse_seq(&seq)?;
     match aether_lineage::relay::record(&state.store, seq).await {
         Ok(Some(r)) => Ok(axum::Json(r).into_response()),
         Ok(None) => Err(Problem::new(
@@ -371,9 +404,11 @@ pub(crate) fn parse_u64(
 ) -> Result<u64, Problem> {
     match params.get(name) {
         None => Ok(default),
-        Some(v) => v.parse().map_err(|_| {
+        // Every numeric parameter is a seq, a size or a count, recorded as JSON in access
+        // records: bounded by what JSON carries exactly.
+        Some(v) => v.parse().ok().filter(|n| *n <= MAX_SEQ).ok_or_else(|| {
             Problem::bad_request(format!(
-                "query parameter {name} must be a non-negative integer, got {v:?}"
+                "query parameter {name} must be an integer from 0 to {MAX_SEQ}, got {v:?}"
             ))
         }),
     }
@@ -424,10 +459,7 @@ async fn get_event(
     Path(seq): Path<String>,
 ) -> Result<Response, Problem> {
     authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
-    let seq: u64 =
-        seq.parse().ok().filter(|s| *s >= 1).ok_or_else(|| {
-            Problem::bad_request(format!("seq must be an integer ≥ 1, got {seq:?}"))
-        })?;
+    let seq = crate::http::parse_seq(&seq)?;
     let event = state.store.read_all(seq, 1).await?.into_iter().next();
     match event {
         Some(e) if e.seq == seq => Ok(axum::Json(e).into_response()),

@@ -541,6 +541,10 @@ impl EventStore {
         from_seq: u64,
         limit: u32,
     ) -> Result<Vec<RecordedEvent>, LedgerError> {
+        // Seqs are stored as signed 64-bit integers: none lies beyond.
+        if from_seq > i64::MAX as u64 {
+            return Ok(Vec::new());
+        }
         match &self.inner.db {
             Db::Postgres(p) => postgres::read_all(p, from_seq, limit).await,
             Db::Sqlite(p) => sqlite::read_all(p, from_seq, limit).await,
