@@ -52,6 +52,14 @@ pub fn run_serve(data_dir: &Path, args: &[&str]) -> std::process::Output {
     run_aether(&all, &[])
 }
 
+/// The directories a test's server registers models from: the repository's shipped
+/// models and the test's temporary directory (the data directory's parent).
+pub fn model_dirs(data_dir: &Path) -> String {
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("../gpu-worker/model");
+    let own = data_dir.parent().unwrap_or(data_dir);
+    format!("{}:{}", shipped.display(), own.display())
+}
+
 /// A running `aether serve`.
 pub struct Server {
     child: Child,
@@ -89,6 +97,8 @@ impl Server {
                 format!("operator:{OPERATOR_TOKEN},regulator:{REGULATOR_TOKEN}"),
             )
             .env("AETHER_LOG", "info")
+            // Models may be registered from the shipped reference and the test's own files.
+            .env("AETHER_MODEL_DIRS", model_dirs(data_dir))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log);

@@ -377,3 +377,191 @@ async fn malformed_paths_queries_and_bodies_get_a_4xx_problem() {
     );
     assert!(server.terminate().success());
 }
+
+/// A TCP proxy in front of PostgreSQL that the test can cut: an outage as the service sees
+/// one (connections reset, new ones refused), of a real database.
+struct Outage {
+    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    cut: tokio::sync::watch::Sender<u64>,
+    port: u16,
+}
+
+impl Outage {
+    async fn start(upstream: String) -> Outage {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let open = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let (cut, cuts) = tokio::sync::watch::channel(0u64);
+        let accepting = open.clone();
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                if !accepting.load(Ordering::SeqCst) {
+                    continue; // dropped: the connection is reset
+                }
+                let upstream = upstream.clone();
+                let mut cuts = cuts.clone();
+                // Only a cut after this connection opened ends it.
+                cuts.borrow_and_update();
+                tokio::spawn(async move {
+                    let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = cuts.changed() => {}
+                    }
+                });
+            }
+        });
+        Outage { open, cut, port }
+    }
+
+    fn set(&self, up: bool) {
+        self.open.store(up, std::sync::atomic::Ordering::SeqCst);
+        if !up {
+            self.cut.send_modify(|n| *n += 1);
+        }
+    }
+}
+
+/// While the ledger database is unreachable the HTTP API answers at once, 503 with
+/// `Retry-After`, reads and writes alike (and readyz), instead of hanging on the pool; once
+/// the database is back the next append succeeds, without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_outage_is_answered_503_with_retry_after_at_once() {
+    let db = aether_ledger::testing::TestDatabase::create().await;
+    let Some((authority, rest)) = db
+        .url
+        .strip_prefix("postgres://")
+        .and_then(|u| u.split_once('@'))
+        .and_then(|(_, hostpart)| hostpart.split_once('/'))
+        .filter(|(authority, _)| authority.contains(':'))
+    else {
+        eprintln!(
+            "skipped: the test database is not reached over TCP ({})",
+            db.url
+        );
+        return;
+    };
+    let outage = Outage::start(authority.to_owned()).await;
+    let user = db
+        .url
+        .strip_prefix("postgres://")
+        .unwrap()
+        .split('@')
+        .next()
+        .unwrap();
+    let proxied = format!("postgres://{user}@127.0.0.1:{}/{rest}", outage.port);
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(
+        &dir.path().join("data"),
+        &[("DATABASE_URL", proxied.as_str())],
+    );
+    assert_eq!(append(&server, "notes/a", "Note").await.0, 201);
+
+    outage.set(false);
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    for (method, path) in [
+        ("POST", "/v1/events"),
+        ("GET", "/v1/events?limit=5"),
+        ("GET", "/readyz"),
+    ] {
+        let request = match method {
+            "POST" => client.post(server.url(path)).json(
+                &json!({"stream_id": "notes/a", "events": [{"event_type": "Note", "payload": {}}]}),
+            ),
+            _ => client.get(server.url(path)),
+        };
+        let resp = request
+            .bearer_auth(OPERATOR_TOKEN)
+            .send()
+            .await
+            .unwrap_or_else(|e| {
+                panic!("{method} {path} did not answer within 5 s during the outage: {e}")
+            });
+        assert_eq!(resp.status().as_u16(), 503, "{method} {path}");
+        assert_eq!(resp.headers()["retry-after"], "1", "{method} {path}");
+        assert_eq!(resp.headers()["content-type"], "application/problem+json");
+    }
+
+    outage.set(true);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while append(&server, "notes/a", "Note").await.0 != 201 {
+        assert!(
+            Instant::now() < deadline,
+            "appends did not recover after the outage"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(server.terminate().success());
+    db.drop_database().await;
+}
+
+/// `POST /v1/models` reads only regular files inside the model directories, at most the
+/// configured size: not `/etc/hostname` (whose digest it would have answered), not
+/// `/dev/zero` (read for ever), not a link out of the directory; nothing is recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_artifacts_are_read_only_from_the_model_directories() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("models");
+    std::fs::create_dir_all(&models).unwrap();
+    std::fs::write(models.join("big.bin"), vec![7u8; 4096]).unwrap();
+    std::fs::write(models.join("small.bin"), b"weights").unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", models.join("link.bin")).unwrap();
+    let dirs = format!("{}:/dev", models.display());
+    let server = Server::start(
+        &dir.path().join("data"),
+        &[
+            ("AETHER_MODEL_DIRS", dirs.as_str()),
+            ("AETHER_MAX_MODEL_BYTES", "1024"),
+        ],
+    );
+    let register = |uri: String, digest: String| {
+        let server = &server;
+        async move {
+            let resp = http()
+                .post(server.url("/v1/models"))
+                .bearer_auth(OPERATOR_TOKEN)
+                .json(&json!({"ref": "m-1@sgp", "uri": uri, "digest": digest,
+                              "feature_schema": {"amount_minor": "i64"}}))
+                .send()
+                .await
+                .unwrap();
+            (resp.status().as_u16(), resp.json::<Value>().await.unwrap())
+        }
+    };
+    let any = "0".repeat(64);
+    for (uri, says) in [
+        ("/etc/hostname".to_owned(), "outside the model directories"),
+        (
+            models.join("link.bin").display().to_string(),
+            "outside the model directories",
+        ),
+        ("/dev/zero".to_owned(), "not a regular file"),
+        (
+            models.join("big.bin").display().to_string(),
+            "over the limit of 1024",
+        ),
+    ] {
+        let (status, problem) = register(uri.clone(), any.clone()).await;
+        assert_eq!(status, 422, "{uri}: {problem}");
+        assert!(
+            problem["detail"].as_str().unwrap().contains(says),
+            "{uri}: {problem}"
+        );
+    }
+    let digest = hex::encode(aether_ledger::hashing::sm3(b"weights"));
+    let (status, problem) = register(models.join("small.bin").display().to_string(), digest).await;
+    assert_eq!(status, 201, "{problem}");
+    let models_registered = all_events(&server)
+        .await
+        .iter()
+        .filter(|e| e["event_type"] == "ModelRegistered")
+        .count();
+    assert_eq!(models_registered, 1);
+    assert!(server.terminate().success());
+}

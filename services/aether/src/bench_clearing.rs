@@ -397,7 +397,7 @@ async fn measure(
         ),
     );
     let outcome = async {
-        setup_engine(&server.http, tmp, &operator, &regulator).await?;
+        setup_engine(&server.http, data, &operator, &regulator).await?;
         let answer_len = probe(&server.grpc, data).await?;
         say(
             b.json,
@@ -572,16 +572,17 @@ impl ServeChild {
     }
 }
 
-/// Registers the reference model, ingests aml_v2 and a corpus document, activates the
-/// engine and waits until it is active (as `tests/tests/clearing_e2e.rs` does).
+/// Installs the reference model under `<data>/model` (the service's model directory),
+/// registers it, ingests aml_v2 and a corpus document, activates the engine and waits
+/// until it is active (as `tests/tests/clearing_e2e.rs` does).
 pub(crate) async fn setup_engine(
     http: &str,
-    tmp: &Path,
+    data: &Path,
     operator: &str,
     regulator: &str,
 ) -> anyhow::Result<()> {
     let installed =
-        reference::install(&tmp.join("model")).context("cannot install the reference model")?;
+        reference::install(&data.join("model")).context("cannot install the reference model")?;
     let uri = installed
         .weights_path
         .to_str()

@@ -323,7 +323,8 @@ fn write_candidate(data: &Path) -> anyhow::Result<(String, String)> {
         "ccy_jpy",
         CANDIDATE_REF,
     )?;
-    let saved = artifact::save(&data.join("candidate"), &spec, &weights)?;
+    // Under <data>/model: the one directory the service registers artifacts from.
+    let saved = artifact::save(&data.join("model").join("candidate"), &spec, &weights)?;
     let path = saved
         .weights_path
         .to_str()

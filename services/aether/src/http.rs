@@ -188,6 +188,8 @@ pub struct Problem {
     title: &'static str,
     detail: String,
     extra: serde_json::Map<String, serde_json::Value>,
+    /// Seconds for `Retry-After`, when asking again soon may succeed.
+    retry_after: Option<u32>,
 }
 
 impl Problem {
@@ -201,7 +203,14 @@ impl Problem {
             title,
             detail: detail.into(),
             extra: serde_json::Map::new(),
+            retry_after: None,
         }
+    }
+
+    /// Adds `Retry-After: seconds`.
+    pub(crate) fn retry_after(mut self, seconds: u32) -> Problem {
+        self.retry_after = Some(seconds);
+        self
     }
 
     pub(crate) fn bad_request(detail: impl Into<String>) -> Problem {
@@ -226,6 +235,11 @@ impl IntoResponse for Problem {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
         if self.status == StatusCode::UNAUTHORIZED {
             response
                 .headers_mut()
@@ -267,6 +281,15 @@ impl From<LedgerError> for Problem {
                 "Shutting down",
                 e.to_string(),
             ),
+            e if e.is_unavailable() => {
+                tracing::warn!(error = %e, "the ledger database is unavailable");
+                Problem::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "Ledger unavailable",
+                    "the ledger database cannot be reached or did not answer in time; nothing was written, try again",
+                )
+                .retry_after(1)
+            }
             _ => {
                 tracing::error!(error = %e, "ledger error");
                 Problem::new(
@@ -381,6 +404,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
             "Not ready",
             format!("ledger database unreachable: {e}"),
         )
+        .retry_after(1)
         .into_response(),
     }
 }

@@ -55,6 +55,15 @@ pub struct ServeArgs {
     pub clearing: crate::clearing::ClearingArgs,
     #[command(flatten)]
     pub cluster: crate::cluster::ClusterArgs,
+    /// Directories local model artifacts may be registered from (repeat, or `:`-separated
+    /// in the environment). Default: `<data>/model`. A registration naming a file
+    /// elsewhere, or not a regular file, is refused.
+    #[arg(long = "model-dir", env = "AETHER_MODEL_DIRS", value_delimiter = ':')]
+    pub model_dirs: Vec<std::path::PathBuf>,
+    /// Largest model artifact read, in bytes.
+    #[arg(long, env = "AETHER_MAX_MODEL_BYTES",
+          default_value_t = aether_control::models::ArtifactPolicy::DEFAULT_MAX_BYTES)]
+    pub max_model_bytes: u64,
     #[command(flatten)]
     pub audit: crate::audit_decisions::AuditArgs,
 }
@@ -250,6 +259,17 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         "Merkle log loaded"
     );
     let control = aether_control::ControlState::replay(&store).await?;
+    let model_dirs = if args.model_dirs.is_empty() {
+        vec![args.ledger.data_dir.join("model")]
+    } else {
+        args.model_dirs.clone()
+    };
+    control
+        .models
+        .set_artifact_policy(aether_control::models::ArtifactPolicy {
+            dirs: model_dirs,
+            max_bytes: args.max_model_bytes,
+        });
     tracing::info!(
         policies = control.policies.policies().len(),
         engines = control.engines.engines().len(),

@@ -364,7 +364,7 @@ impl EngineRegistry {
                 "model",
                 format!("model {} is not registered", request.model_ref),
             ))?;
-            check_artifact(&model.uri, &model.digest)
+            check_artifact(&model.uri, &model.digest, &self.models.artifact_policy())
                 .await
                 .map_err(|e| ("model", e.to_string()))?;
             last = self

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
-use aether_ledger::hashing::{hex_hash, sm3};
+use aether_ledger::hashing::hex_hash;
 use aether_ledger::{
     Committed, EventFilter, EventStore, ExpectedVersion, LedgerError, NewEvent, RecordedEvent,
 };
@@ -45,6 +45,10 @@ pub enum ModelError {
     EmptySchema,
     #[error("artifact {uri} cannot be read: {reason}")]
     Unreadable { uri: String, reason: String },
+    #[error(
+        "artifact {uri} is outside the model directories ({dirs}); put it in one, or start the service with --model-dir naming its directory"
+    )]
+    OutsideModelDirs { uri: String, dirs: String },
     #[error("artifact {uri} has SM3 digest {actual}, not the registered {expected}")]
     DigestMismatch {
         uri: String,
@@ -89,18 +93,111 @@ pub fn local_path(uri: &str) -> Option<std::path::PathBuf> {
     (!uri.contains("://")).then(|| uri.into())
 }
 
-/// Reads a local artifact and checks its SM3 digest.
-pub async fn check_artifact(uri: &str, digest: &str) -> Result<(), ModelError> {
+/// Where local model artifacts may be read from, and how large they may be. Without it a
+/// registration could make the service read (and answer the digest of) any file it can
+/// read, or read `/dev/zero` for ever.
+#[derive(Clone, Debug)]
+pub struct ArtifactPolicy {
+    /// Directories artifacts must be inside (after resolving links); empty: none is local.
+    pub dirs: Vec<std::path::PathBuf>,
+    /// Largest artifact read, in bytes.
+    pub max_bytes: u64,
+}
+
+impl ArtifactPolicy {
+    /// Default largest artifact: 4 GiB.
+    pub const DEFAULT_MAX_BYTES: u64 = 4 << 30;
+
+    /// Any local file (library use and tests of this crate); `aether serve` always names
+    /// its directories.
+    pub fn anywhere() -> ArtifactPolicy {
+        ArtifactPolicy {
+            dirs: vec![std::path::PathBuf::from("/")],
+            max_bytes: Self::DEFAULT_MAX_BYTES,
+        }
+    }
+
+    /// The file `uri` names, if it is a regular file inside one of the directories.
+    fn admit(&self, uri: &str, path: &std::path::Path) -> Result<std::path::PathBuf, ModelError> {
+        let refuse = |reason: String| ModelError::Unreadable {
+            uri: uri.to_owned(),
+            reason,
+        };
+        let resolved = std::fs::canonicalize(path).map_err(|e| refuse(e.to_string()))?;
+        let inside = self
+            .dirs
+            .iter()
+            .any(|dir| std::fs::canonicalize(dir).is_ok_and(|dir| resolved.starts_with(dir)));
+        if !inside {
+            return Err(ModelError::OutsideModelDirs {
+                uri: uri.to_owned(),
+                dirs: self
+                    .dirs
+                    .iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+        let meta = std::fs::metadata(&resolved).map_err(|e| refuse(e.to_string()))?;
+        if !meta.is_file() {
+            return Err(refuse("it is not a regular file".into()));
+        }
+        if meta.len() > self.max_bytes {
+            return Err(refuse(format!(
+                "it is {} bytes, over the limit of {} (--max-model-bytes)",
+                meta.len(),
+                self.max_bytes
+            )));
+        }
+        Ok(resolved)
+    }
+}
+
+/// SM3 of a file, read in chunks: at most `max_bytes` (a file that grows past it fails).
+fn file_digest(path: &std::path::Path, max_bytes: u64) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = <sm3::Sm3 as sm3::Digest>::new();
+    let mut buffer = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = file.read(&mut buffer)?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+        if total > max_bytes {
+            return Err(std::io::Error::other(format!(
+                "it grew past the limit of {max_bytes} bytes while being read"
+            )));
+        }
+        sm3::Digest::update(&mut hasher, &buffer[..n]);
+    }
+    Ok(hex::encode(sm3::Digest::finalize(hasher)))
+}
+
+/// Reads a local artifact and checks its SM3 digest, under `policy`.
+pub async fn check_artifact(
+    uri: &str,
+    digest: &str,
+    policy: &ArtifactPolicy,
+) -> Result<(), ModelError> {
     let Some(path) = local_path(uri) else {
         return Ok(()); // remote artifacts are checked by the workers that fetch them
     };
-    let bytes = tokio::fs::read(&path)
+    let path = policy.admit(uri, &path)?;
+    let max = policy.max_bytes;
+    let actual = tokio::task::spawn_blocking(move || file_digest(&path, max))
         .await
         .map_err(|e| ModelError::Unreadable {
             uri: uri.to_owned(),
             reason: e.to_string(),
+        })?
+        .map_err(|e| ModelError::Unreadable {
+            uri: uri.to_owned(),
+            reason: e.to_string(),
         })?;
-    let actual = hex::encode(sm3(&bytes));
     if actual != digest {
         return Err(ModelError::DigestMismatch {
             uri: uri.to_owned(),
@@ -116,6 +213,7 @@ pub async fn check_artifact(uri: &str, digest: &str) -> Result<(), ModelError> {
 pub struct ModelRegistry {
     store: EventStore,
     models: Arc<RwLock<BTreeMap<String, ModelSpec>>>,
+    artifacts: Arc<RwLock<ArtifactPolicy>>,
 }
 
 impl ModelRegistry {
@@ -131,6 +229,7 @@ impl ModelRegistry {
         let registry = ModelRegistry {
             store,
             models: Arc::default(),
+            artifacts: Arc::new(RwLock::new(ArtifactPolicy::anywhere())),
         };
         let filter = EventFilter {
             event_type: Some(MODEL_REGISTERED.into()),
@@ -143,6 +242,24 @@ impl ModelRegistry {
             page.iter().for_each(|e| registry.apply(e));
         }
         Ok(registry)
+    }
+
+    /// Where local artifacts may be read from from now on (registration and activation).
+    pub fn set_artifact_policy(&self, policy: ArtifactPolicy) {
+        if let Ok(mut p) = self.artifacts.write() {
+            *p = policy;
+        }
+    }
+
+    /// The policy in force.
+    pub fn artifact_policy(&self) -> ArtifactPolicy {
+        self.artifacts
+            .read()
+            .map(|p| p.clone())
+            .unwrap_or_else(|_| ArtifactPolicy {
+                dirs: Vec::new(),
+                max_bytes: 0,
+            })
     }
 
     fn apply(&self, event: &RecordedEvent) {
@@ -186,7 +303,7 @@ impl ModelRegistry {
                 Err(ModelError::AlreadyRegistered(spec.model_ref))
             };
         }
-        check_artifact(&spec.uri, &spec.digest).await?;
+        check_artifact(&spec.uri, &spec.digest, &self.artifact_policy()).await?;
         let payload = serde_json::to_value(&spec).unwrap_or_default();
         let event =
             NewEvent::new(MODEL_REGISTERED, payload).with_metadata(origin.metadata(json!({})));

@@ -107,6 +107,9 @@ pub enum LedgerError {
     #[error("{0}")]
     Fenced(String),
 
+    #[error("the database refused the event: {0}")]
+    RowRefused(String),
+
     #[error("a decision for this request id is already recorded ({detail}); one per request id")]
     RequestIdTaken { detail: String },
 
@@ -142,12 +145,24 @@ impl LedgerError {
                 | LedgerError::UnstorableText { .. }
                 | LedgerError::SchemaVersionOutOfRange { .. }
                 | LedgerError::ImitatedPlaceholder { .. }
+                | LedgerError::RowRefused(_)
                 | LedgerError::EmptyAppend
                 | LedgerError::TooManyEvents { .. }
                 | LedgerError::DuplicateStream { .. }
                 | LedgerError::InvalidFilter(_)
                 | LedgerError::PersonalConflict { .. }
                 | LedgerError::InvalidPersonalPath { .. }
+        )
+    }
+
+    /// True when the database could not be reached or did not answer in time: the call
+    /// may succeed if made again shortly, and nothing was written.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self,
+            LedgerError::Database(
+                sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed
+            ) | LedgerError::CommitFailed(_)
         )
     }
 

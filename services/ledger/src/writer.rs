@@ -575,6 +575,10 @@ async fn write_alone(db: &Db, cache: &mut ChainCache, appends: &[StreamAppend]) 
                 };
                 return Err(LedgerError::Fenced(message));
             }
+            Err(e) if is_refused_row(&e) => {
+                cache.invalidate();
+                return Err(LedgerError::RowRefused(e.to_string()));
+            }
             Err(e) => {
                 cache.invalidate();
                 return Err(LedgerError::CommitFailed(e.to_string()));

@@ -124,6 +124,10 @@ pub struct StoreConfig {
     /// database restart does not fail on a dead connection. Busy connections are not
     /// pinged: a ping per query cost a tenth of the gateway's CPU under load.
     pub ping_idle_after: Duration,
+    /// Longest a caller waits for a pooled PostgreSQL connection (a new one included)
+    /// before its call fails as unavailable: while the database is unreachable, callers
+    /// hear so within this bound instead of hanging.
+    pub acquire_timeout: Duration,
 }
 
 impl Default for StoreConfig {
@@ -137,6 +141,7 @@ impl Default for StoreConfig {
             max_connections: 8,
             pipeline_depth: 1,
             ping_idle_after: Duration::from_secs(1),
+            acquire_timeout: Duration::from_secs(1),
         }
     }
 }
@@ -301,7 +306,7 @@ fn pg_pool_options(config: &StoreConfig, max_connections: u32) -> PgPoolOptions 
     let ping_idle_after = config.ping_idle_after;
     PgPoolOptions::new()
         .max_connections(max_connections)
-        .acquire_timeout(Duration::from_secs(10))
+        .acquire_timeout(config.acquire_timeout)
         // No ping before every acquire: it was a round trip per query (a tenth of the
         // gateway's CPU under load). Only connections that sat idle are pinged; one that
         // fails the ping is closed and another taken.
