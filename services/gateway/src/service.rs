@@ -256,7 +256,12 @@ impl ClearingService for ClearingServer {
         peer.authorize_member(&peer.id)?;
         let grant = self
             .sessions
-            .exchange(&self.envelope, &request.get_ref().wrapped_key, unix_now())
+            .exchange_for(
+                &self.envelope,
+                &request.get_ref().wrapped_key,
+                &peer.id,
+                unix_now(),
+            )
             .map_err(envelope_status)?;
         Ok(Response::new(KeyExchangeResponse {
             key_id: grant.key_id,

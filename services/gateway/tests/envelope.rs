@@ -535,22 +535,39 @@ fn stale_or_future_issue_time_is_refused() {
     }
 }
 
+/// One member's `KeyExchange` flood retires that member's own oldest keys, never another
+/// member's; only a member with no key of its own can find the whole table full.
 #[test]
-fn session_table_is_bounded() {
+fn session_table_is_bounded_per_member_and_in_total() {
     let sessions = SessionKeys::new(SessionPolicy {
-        max_sessions: 2,
+        max_sessions: 4,
+        max_sessions_per_member: 2,
         ..SessionPolicy::default()
     });
-    sessions.register(Sm4Key::generate().unwrap(), NOW).unwrap();
-    sessions.register(Sm4Key::generate().unwrap(), NOW).unwrap();
-    let err = sessions
-        .register(Sm4Key::generate().unwrap(), NOW)
-        .unwrap_err();
-    assert_eq!(err, EnvelopeError::SessionTableFull);
+    let key = || Sm4Key::generate().unwrap();
+    let a1 = sessions.register_for("bank-a", key(), NOW).unwrap();
+    for _ in 0..10 {
+        sessions.register_for("bank-a", key(), NOW).unwrap();
+    }
+    assert_eq!(sessions.len(), 2, "bank-a holds its quota, no more");
+    let opened = sessions.open(&request_aad("req-1", &a1.key_id), &[0; 12], &[0; 32], NOW);
+    assert_eq!(
+        opened.unwrap_err(),
+        EnvelopeError::UnknownKeyId,
+        "its oldest key was retired"
+    );
+    sessions.register_for("bank-b", key(), NOW).unwrap();
+    sessions.register_for("bank-b", key(), NOW).unwrap();
+    assert_eq!(sessions.len(), 4);
+    // A newcomer finds the table full, told so; a member with keys retires its own.
+    let err = sessions.register_for("bank-c", key(), NOW).unwrap_err();
+    assert_eq!(err, EnvelopeError::SessionTableFull { sessions: 4 });
     assert_eq!(err.kind(), ErrorKind::ResourceExhausted);
+    sessions.register_for("bank-a", key(), NOW).unwrap();
+    assert_eq!(sessions.len(), 4);
     // Once the old ones are expired and past the grace time there is room again.
     sessions
-        .register(Sm4Key::generate().unwrap(), NOW + 600 + 300)
+        .register_for("bank-c", key(), NOW + 600 + 300)
         .unwrap();
     assert_eq!(sessions.len(), 1);
 }

@@ -48,8 +48,10 @@ pub enum EnvelopeError {
     },
     #[error("per-request replay cache is full; retry shortly or use a session key")]
     ReplayCacheFull,
-    #[error("session key table is full; retry shortly or use per-request keys")]
-    SessionTableFull,
+    #[error(
+        "the gateway's session key table is full ({sessions} keys of other members); retry shortly or use per-request keys"
+    )]
+    SessionTableFull { sessions: usize },
     #[error("server envelope key: {0}")]
     ServerKey(String),
     #[error("the operating system's random generator failed")]
@@ -85,7 +87,9 @@ impl EnvelopeError {
             | Replayed
             | Stale { .. } => ErrorKind::Unauthenticated,
             AadFieldTooLong { .. } => ErrorKind::InvalidArgument,
-            TooLarge { .. } | ReplayCacheFull | SessionTableFull => ErrorKind::ResourceExhausted,
+            TooLarge { .. } | ReplayCacheFull | SessionTableFull { .. } => {
+                ErrorKind::ResourceExhausted
+            }
             ServerKey(_) | Random => ErrorKind::Internal,
         }
     }

@@ -17,6 +17,9 @@ pub struct SessionPolicy {
     pub max_uses: u64,
     /// How many key ids may be registered at once (default 4,096).
     pub max_sessions: usize,
+    /// How many key ids one member may hold at once (default 64): a member's next
+    /// `KeyExchange` past it retires that member's oldest key, never another member's.
+    pub max_sessions_per_member: usize,
     /// How far a request's `issued_at` may be from server time, in seconds (default 300).
     pub max_age_secs: u64,
 }
@@ -27,6 +30,7 @@ impl Default for SessionPolicy {
             ttl_secs: 600,
             max_uses: 100_000,
             max_sessions: 4_096,
+            max_sessions_per_member: 64,
             max_age_secs: 300,
         }
     }
@@ -43,6 +47,10 @@ pub struct SessionGrant {
 }
 
 struct Session {
+    /// The member whose `KeyExchange` registered it.
+    member: String,
+    /// Registration order, for retiring a member's oldest key first.
+    order: u64,
     /// `None` once the key expired or was used up: nothing more can open under it, so the
     /// key and the nonce set are dropped; the entry stays only to answer precisely.
     key: Option<Sm4Key>,
@@ -64,6 +72,7 @@ impl Session {
 pub struct SessionKeys {
     policy: SessionPolicy,
     table: Mutex<HashMap<String, Session>>,
+    registered: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for SessionKeys {
@@ -86,6 +95,7 @@ impl SessionKeys {
         SessionKeys {
             policy,
             table: Mutex::new(HashMap::new()),
+            registered: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -93,23 +103,65 @@ impl SessionKeys {
         &self.policy
     }
 
-    /// Handles a `KeyExchange`: unwraps the 113 bytes and registers the key.
+    /// Handles a `KeyExchange` of an unnamed member (tests, tools).
     pub fn exchange(
         &self,
         server: &EnvelopeKey,
         wrapped: &[u8],
         now: u64,
     ) -> Result<SessionGrant, EnvelopeError> {
-        let key = server.unwrap_key(wrapped)?;
-        self.register(key, now)
+        self.exchange_for(server, wrapped, "", now)
     }
 
-    /// Registers `key` under a new random key id, valid for `ttl_secs` from `now`.
+    /// Handles `member`'s `KeyExchange`: unwraps the 113 bytes and registers the key.
+    pub fn exchange_for(
+        &self,
+        server: &EnvelopeKey,
+        wrapped: &[u8],
+        member: &str,
+        now: u64,
+    ) -> Result<SessionGrant, EnvelopeError> {
+        let key = server.unwrap_key(wrapped)?;
+        self.register_for(member, key, now)
+    }
+
+    /// Registers `key` for an unnamed member (see [`Self::register_for`]).
     pub fn register(&self, key: Sm4Key, now: u64) -> Result<SessionGrant, EnvelopeError> {
+        self.register_for("", key, now)
+    }
+
+    /// Registers `member`'s `key` under a new random key id, valid for `ttl_secs` from
+    /// `now`. A member at its quota, or any member of its own while the table is full,
+    /// gives up its own oldest key: one member's flood never refuses another member.
+    pub fn register_for(
+        &self,
+        member: &str,
+        key: Sm4Key,
+        now: u64,
+    ) -> Result<SessionGrant, EnvelopeError> {
         let mut table = self.lock();
         purge(&mut table, now, self.policy.max_age_secs);
-        if table.len() >= self.policy.max_sessions {
-            return Err(EnvelopeError::SessionTableFull);
+        let mut own: Vec<(u64, String)> = table
+            .iter()
+            .filter(|(_, s)| s.member == member)
+            .map(|(id, s)| (s.order, id.clone()))
+            .collect();
+        own.sort_unstable();
+        let quota = self.policy.max_sessions_per_member.max(1);
+        let mut oldest = own.into_iter();
+        while table.len() >= self.policy.max_sessions
+            || table.values().filter(|s| s.member == member).count() >= quota
+        {
+            match oldest.next() {
+                Some((_, id)) => {
+                    table.remove(&id);
+                }
+                None => {
+                    return Err(EnvelopeError::SessionTableFull {
+                        sessions: table.len(),
+                    });
+                }
+            }
         }
         let key_id = loop {
             let mut id = [0u8; 16];
@@ -120,9 +172,14 @@ impl SessionKeys {
             }
         };
         let expires_at = now.saturating_add(self.policy.ttl_secs);
+        let order = self
+            .registered
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         table.insert(
             key_id.clone(),
             Session {
+                member: member.to_owned(),
+                order,
                 key: Some(key),
                 expires_at,
                 uses: 0,
