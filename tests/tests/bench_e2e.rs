@@ -212,3 +212,22 @@ fn clearing_bench_refuses_a_bad_database_url_before_starting_anything() {
         "{stderr}"
     );
 }
+
+#[test]
+fn failover_bench_kills_the_holder_and_times_each_takeover() {
+    let url = admin_url();
+    let report = bench(&[
+        "failover",
+        "--database-url",
+        &url,
+        "--kills",
+        "2",
+        "--lease-ttl-ms",
+        "600",
+    ]);
+    // Both nodes took the duty in turn.
+    assert!(report.contains("kill 1: node-b took the checkpointer after"), "{report}");
+    assert!(report.contains("kill 2: node-a took the checkpointer after"), "{report}");
+    let summary = line_starting(&report, "checkpointer failover after SIGKILL");
+    assert!(summary.contains("2 kills: p50 "), "{summary}");
+}

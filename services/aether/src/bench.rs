@@ -28,6 +28,9 @@ pub enum BenchCommand {
     /// Lineage: relay throughput into Delta and the OpenLineage store, OpenLineage lag at
     /// an offered rate, and the time to open the Delta `events` table.
     Lineage(crate::bench_lineage::LineageBench),
+    /// Cluster: how long the checkpointer duty is unowned after its holder is SIGKILLed
+    /// (two real nodes on one PostgreSQL database).
+    Failover(crate::bench_failover::FailoverBench),
 }
 
 #[derive(Args)]
@@ -93,6 +96,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Audit(b) => audit(b).await,
         BenchCommand::Clearing(b) => crate::bench_clearing::run(b).await,
         BenchCommand::Lineage(b) => crate::bench_lineage::run(b).await,
+        BenchCommand::Failover(b) => crate::bench_failover::run(b).await,
     }
 }
 

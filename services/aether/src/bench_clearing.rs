@@ -506,6 +506,28 @@ impl ServeChild {
         batch_delay_us: u64,
         log_level: &str,
     ) -> anyhow::Result<ServeChild> {
+        Self::start_with_env(
+            data,
+            log_path,
+            database_url,
+            tokens,
+            batch_delay_us,
+            log_level,
+            &[],
+        )
+        .await
+    }
+
+    /// [`Self::start`] with more environment for the child (a node id, a lease ttl ...).
+    pub(crate) async fn start_with_env(
+        data: &Path,
+        log_path: &Path,
+        database_url: Option<&str>,
+        tokens: Option<&str>,
+        batch_delay_us: u64,
+        log_level: &str,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<ServeChild> {
         let exe = std::env::current_exe().context("cannot find the aether binary")?;
         let log = std::fs::File::create(log_path)
             .with_context(|| format!("cannot create {}", log_path.display()))?;
@@ -530,6 +552,7 @@ impl ServeChild {
             Some(tokens) => cmd.env("AETHER_TOKENS", tokens),
             None => cmd.env_remove("AETHER_TOKENS"),
         };
+        cmd.envs(env.iter().copied());
         let mut child = cmd.spawn().context("cannot start aether serve")?;
         let pid = child.id().unwrap_or(0);
         let stdout = child.stdout.take().context("no stdout from aether serve")?;

@@ -7,6 +7,7 @@ mod auth;
 mod background;
 mod bench;
 mod bench_clearing;
+mod bench_failover;
 mod bench_lineage;
 mod clearing;
 mod cluster;

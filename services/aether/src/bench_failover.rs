@@ -1,0 +1,148 @@
+//! `aether bench failover`: how long the cluster's checkpointer duty is unowned after its
+//! holder is SIGKILLed. Two real `aether serve` nodes on one scratch PostgreSQL database
+//! (one checkpoint key, a short lease ttl); each round kills the holder, times until the
+//! other node holds the lease (polled on `GET /v1/cluster` every 20 ms), and restarts the
+//! killed node.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use serde_json::Value;
+
+use crate::bench::Scratch;
+use crate::bench_clearing::{ServeChild, http_request};
+
+#[derive(Args)]
+pub struct FailoverBench {
+    /// PostgreSQL server (a scratch database is created and dropped; needs CREATE DATABASE).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: String,
+    /// Kills to time.
+    #[arg(long, default_value_t = 20)]
+    kills: usize,
+    /// The nodes' lease ttl, milliseconds (`--lease-ttl-ms` of `aether serve`).
+    #[arg(long, default_value_t = 3000)]
+    lease_ttl_ms: u64,
+}
+
+const REGULATOR: &str = "bench-failover-regulator-token-0000";
+
+pub async fn run(b: FailoverBench) -> anyhow::Result<()> {
+    if !b.database_url.starts_with("postgres") {
+        bail!("a cluster needs PostgreSQL: pass --database-url postgres://…");
+    }
+    let scratch = Scratch::new(&b.database_url).await?;
+    let tmp = tempfile::tempdir()?;
+    let result = rounds(&b, &scratch.url, tmp.path()).await;
+    scratch.drop().await;
+    let mut times = result?;
+    times.sort_unstable();
+    let at = |q: f64| times[((times.len() as f64 * q).ceil() as usize).clamp(1, times.len()) - 1];
+    println!(
+        "checkpointer failover after SIGKILL of its holder, lease ttl {} ms, {} kills: \
+         p50 {} ms, p99 {} ms, max {} ms (min {} ms)",
+        b.lease_ttl_ms,
+        times.len(),
+        at(0.50),
+        at(0.99),
+        times[times.len() - 1],
+        times[0]
+    );
+    Ok(())
+}
+
+async fn start(url: &str, data: &Path, id: &str, ttl: &str) -> anyhow::Result<ServeChild> {
+    ServeChild::start_with_env(
+        data,
+        &data.with_extension("log"),
+        Some(url),
+        Some(&format!("regulator:{REGULATOR}")),
+        2_000,
+        "warn",
+        &[
+            ("AETHER_NODE_ID", id),
+            ("AETHER_LEASE_TTL_MS", ttl),
+            ("AETHER_CHECKPOINT_EVERY_SECS", "1"),
+        ],
+    )
+    .await
+}
+
+/// The checkpointer's live holder, as `node` sees it.
+async fn holder(node: &ServeChild) -> anyhow::Result<Option<String>> {
+    let (status, body) = http_request(&node.http, "GET", "/v1/cluster", REGULATOR, None).await?;
+    if status != 200 {
+        bail!("GET /v1/cluster answered {status}: {body}");
+    }
+    let view: Value = serde_json::from_str(&body)?;
+    Ok(view["leases"].as_array().and_then(|leases| {
+        leases.iter().find_map(|l| {
+            (l["name"] == "checkpointer" && l["live"] == true)
+                .then(|| l["holder"].as_str().unwrap_or_default().to_owned())
+        })
+    }))
+}
+
+async fn wait_for(node: &ServeChild, id: &str, limit: Duration) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    loop {
+        if holder(node).await?.as_deref() == Some(id) {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() > limit {
+            bail!(
+                "{id} did not take the checkpointer within {} s",
+                limit.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn rounds(b: &FailoverBench, url: &str, tmp: &Path) -> anyhow::Result<Vec<u128>> {
+    let ttl = b.lease_ttl_ms.to_string();
+    let limit = Duration::from_millis(b.lease_ttl_ms * 4 + 10_000);
+    let dirs = [tmp.join("a"), tmp.join("b")];
+    let ids = ["node-a", "node-b"];
+    let first = start(url, &dirs[0], ids[0], &ttl).await?;
+    // One checkpoint key for the cluster: the second node gets the first's keys.
+    copy_dir(&dirs[0].join("keys"), &dirs[1].join("keys"))?;
+    let second = start(url, &dirs[1], ids[1], &ttl).await?;
+    let mut nodes = [first, second];
+    wait_for(&nodes[1], ids[0], limit).await?;
+    let mut holder_index = 0;
+    let mut times = Vec::with_capacity(b.kills);
+    for round in 0..b.kills {
+        let other = 1 - holder_index;
+        nodes[holder_index].stop().await; // SIGKILL
+        let took = wait_for(&nodes[other], ids[other], limit).await?;
+        println!(
+            "kill {}: {} took the checkpointer after {} ms",
+            round + 1,
+            ids[other],
+            took.as_millis()
+        );
+        times.push(took.as_millis());
+        nodes[holder_index] = start(url, &dirs[holder_index], ids[holder_index], &ttl)
+            .await
+            .with_context(|| format!("cannot restart {}", ids[holder_index]))?;
+        holder_index = other;
+    }
+    for node in &mut nodes {
+        node.stop().await;
+    }
+    Ok(times)
+}
+
+fn copy_dir(from: &Path, to: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        if entry.file_type()?.is_file() {
+            std::fs::copy(entry.path(), to.join(entry.file_name()))?;
+        }
+    }
+    Ok(())
+}
