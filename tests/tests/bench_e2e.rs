@@ -226,8 +226,14 @@ fn failover_bench_kills_the_holder_and_times_each_takeover() {
         "600",
     ]);
     // Both nodes took the duty in turn.
-    assert!(report.contains("kill 1: node-b took the checkpointer after"), "{report}");
-    assert!(report.contains("kill 2: node-a took the checkpointer after"), "{report}");
+    assert!(
+        report.contains("kill 1: node-b took the checkpointer after"),
+        "{report}"
+    );
+    assert!(
+        report.contains("kill 2: node-a took the checkpointer after"),
+        "{report}"
+    );
     let summary = line_starting(&report, "checkpointer failover after SIGKILL");
     assert!(summary.contains("2 kills: p50 "), "{summary}");
 }

@@ -179,15 +179,34 @@ pub async fn start(
         }
     });
 
+    // Health reports every service this port serves; reflection (v1, and v1alpha for the
+    // tools and libraries that still speak only it) advertises exactly those.
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<ClearingServiceServer<ClearingServer>>()
         .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(aether_gateway::pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    health_reporter
+        .set_serving::<WorkerServiceServer<WorkerServer>>()
+        .await;
+    let reflection_builder = || {
+        SERVED_SERVICES.iter().fold(
+            tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(aether_gateway::pb::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(
+                    tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+                )
+                .include_reflection_service(false),
+            |builder, name| builder.with_service_name(*name),
+        )
+    };
+    let reflection = reflection_builder()
         .build_v1()
         .context("cannot build gRPC reflection")?;
+    let reflection_v1alpha = reflection_builder()
+        .build_v1alpha()
+        .context("cannot build gRPC reflection (v1alpha)")?;
     let listener = tokio::net::TcpListener::bind(args.grpc_listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.grpc_listen))?;
@@ -197,6 +216,7 @@ pub async fn start(
         let result = tonic::transport::Server::builder()
             .add_service(health)
             .add_service(reflection)
+            .add_service(reflection_v1alpha)
             .add_service(ClearingServiceServer::new(server))
             .add_service(WorkerServiceServer::new(WorkerServer::new(pool.clone())))
             .serve_with_incoming_shutdown(incoming, async move {
@@ -211,6 +231,16 @@ pub async fn start(
     });
     Ok((local, task))
 }
+
+/// The services the clearing port serves, as reflection lists them and health reports them
+/// (with the reflection services themselves); `aether.v1.SnapshotParticipant` is not one.
+pub const SERVED_SERVICES: &[&str] = &[
+    "aether.v1.ClearingService",
+    "aether.v1.WorkerService",
+    "grpc.health.v1.Health",
+    "grpc.reflection.v1.ServerReflection",
+    "grpc.reflection.v1alpha.ServerReflection",
+];
 
 fn dev_spec(force: bool) -> DevPkiSpec {
     DevPkiSpec {
