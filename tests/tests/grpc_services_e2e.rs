@@ -121,5 +121,11 @@ async fn reflection_and_health_name_exactly_what_the_port_serves() {
         .await
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::NotFound);
-    assert!(server.terminate().success());
+    let log_path = server.log_path.clone();
+    let stopped = server.terminate();
+    assert!(
+        stopped.success(),
+        "{stopped}: {}",
+        std::fs::read_to_string(log_path).unwrap_or_default()
+    );
 }

@@ -565,3 +565,93 @@ async fn model_artifacts_are_read_only_from_the_model_directories() {
     assert_eq!(models_registered, 1);
     assert!(server.terminate().success());
 }
+
+/// Idle and slow connections cannot hold the HTTP service: a connection that sends no
+/// request, or stalls inside its headers, is closed after the header timeout, and a flood
+/// of them past the connection cap is cut at once, so other callers are answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_slow_http_connections_are_closed_and_capped() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(
+        &dir.path().join("data"),
+        &[
+            ("AETHER_HTTP_HEADER_TIMEOUT_MS", "500"),
+            ("AETHER_MAX_HTTP_CONNECTIONS", "16"),
+        ],
+    );
+    let address = server.base_url.strip_prefix("http://").unwrap().to_owned();
+    // Closed by the server: reading gives end-of-file (or a reset) well before 10 s.
+    async fn closed_by_server(stream: &mut tokio::net::TcpStream) -> bool {
+        let mut buf = [0u8; 256];
+        loop {
+            match tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return true,
+                Ok(Ok(_)) => continue, // a 408 or similar before the close
+                Err(_) => return false,
+            }
+        }
+    }
+    let mut idle = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let mut slow = tokio::net::TcpStream::connect(&address).await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    assert!(
+        closed_by_server(&mut idle).await,
+        "an idle connection was kept open"
+    );
+    assert!(
+        closed_by_server(&mut slow).await,
+        "a slow-loris connection was kept open"
+    );
+
+    // A flood of idle connections past the cap: every one is closed, and the service
+    // answers a normal caller meanwhile or right after.
+    let mut flood = Vec::new();
+    for _ in 0..64 {
+        flood.push(tokio::net::TcpStream::connect(&address).await.unwrap());
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(resp) = http().get(server.url("/healthz")).send().await
+            && resp.status() == 200
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the service did not answer during the flood"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for stream in &mut flood {
+        assert!(
+            closed_by_server(stream).await,
+            "a flooding connection was kept open"
+        );
+    }
+    assert!(server.terminate().success());
+}
+
+/// The Merkle file is derived data: deleted, it is rebuilt from the ledger at the next
+/// start, and the log says so as a warning, as the README promises.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_merkle_file_is_rebuilt_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &[]);
+    for _ in 0..3 {
+        assert_eq!(append(&server, "notes/a", "Note").await.0, 201);
+    }
+    assert!(server.terminate().success());
+    std::fs::remove_file(data.join("merkle").join("event-hashes")).unwrap();
+    let server = Server::start(&data, &[]);
+    let log = std::fs::read_to_string(&server.log_path).unwrap();
+    let line = log
+        .lines()
+        .find(|l| l.contains("Merkle log file was missing or empty; rebuilt from the ledger"))
+        .unwrap_or_else(|| panic!("no rebuild warning in:\n{log}"));
+    assert!(line.contains("WARN"), "{line}");
+    assert!(server.terminate().success());
+}

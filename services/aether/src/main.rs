@@ -15,6 +15,7 @@ mod control_http;
 mod corpus_http;
 mod demo;
 mod http;
+mod http_server;
 mod lineage_api;
 mod model;
 mod openapi;

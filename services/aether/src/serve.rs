@@ -55,6 +55,15 @@ pub struct ServeArgs {
     pub clearing: crate::clearing::ClearingArgs,
     #[command(flatten)]
     pub cluster: crate::cluster::ClusterArgs,
+    /// Most HTTP connections open at once (lowered to fit the open-files limit, with a
+    /// warning); a connection past it is closed at once.
+    #[arg(long, env = "AETHER_MAX_HTTP_CONNECTIONS", default_value_t = 1024)]
+    pub max_http_connections: usize,
+    /// Longest an HTTP connection may take to send a request's headers, idle time between
+    /// requests included (milliseconds); then it is closed.
+    #[arg(long, env = "AETHER_HTTP_HEADER_TIMEOUT_MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    pub http_header_timeout_ms: u64,
     /// Directories local model artifacts may be registered from (repeat, or `:`-separated
     /// in the environment). Default: `<data>/model`. A registration naming a file
     /// elsewhere, or not a regular file, is refused.
@@ -138,6 +147,8 @@ async fn refuse_a_ledger_behind_its_witnesses(
 const BACKGROUND_CONNECTIONS: u32 = 4;
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    // First: a SIGTERM during the start is then answered by an orderly stop.
+    let shutdown = shutdown_signal();
     crate::init_logging();
     crate::clearing::check_worker_device(&args.clearing)?;
     keep_files_private();
@@ -373,8 +384,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let app = router(state).layer(axum::Extension(Arc::new(args.audit.audit_reveal)));
     // A failure of the HTTP server still stops everything in order below.
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
+    let limits = crate::http_server::HttpLimits {
+        header_timeout: Duration::from_millis(args.http_header_timeout_ms),
+        max_connections: crate::http_server::connection_cap(args.max_http_connections),
+    };
+    let served = crate::http_server::serve(listener, app, limits, shutdown)
         .await
         .context("HTTP server failed");
 
@@ -419,24 +433,31 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     served
 }
 
-pub(crate) async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Resolves at SIGINT or SIGTERM. The handlers are installed when this is called, not when
+/// the future is first polled, so a signal that arrives while the service is still starting
+/// is not lost to the default action (an abrupt exit) but stops it in order once it serves.
+pub(crate) fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    async move {
+        let ctrl_c = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        #[cfg(unix)]
+        let term = async move {
+            match term {
+                Some(mut s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
             }
-            Err(_) => std::future::pending::<()>().await,
+        };
+        #[cfg(not(unix))]
+        let term = std::future::pending::<()>();
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term => {},
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
     }
 }
 

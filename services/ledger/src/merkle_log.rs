@@ -108,6 +108,7 @@ impl MerkleLog {
     }
 
     pub async fn open(path: &Path, store: &EventStore) -> Result<MerkleLog, LedgerError> {
+        let had = Self::recorded_events(path)?;
         let path = path.to_owned();
         let tree = tokio::task::spawn_blocking(move || PagedTree::open(&path, BLOCK_LEVEL))
             .await
@@ -123,6 +124,12 @@ impl MerkleLog {
             log.clear()?;
         }
         log.catch_up(store).await?;
+        if had == 0 && !log.is_empty() {
+            tracing::warn!(
+                events = log.len(),
+                "Merkle log file was missing or empty; rebuilt from the ledger"
+            );
+        }
         if let Some(why) = checkpoint.and_then(|cp| log.disagreement_with_checkpoint(&cp)) {
             tracing::warn!(reason = %why, "Merkle log file rebuilt from the ledger");
             log.clear()?;
