@@ -97,3 +97,46 @@ async fn the_cli_exports_a_bundle_that_verifies_offline() {
     assert_eq!(std::fs::read(&bundle).unwrap(), before);
     assert!(server.terminate().success());
 }
+
+/// `aether audit verify`'s exit status says what happened, as its `--help` documents: a
+/// file that is not a well-formed bundle is an invalid bundle (2), a file that cannot be
+/// read is an error (1).
+#[test]
+fn audit_verify_exit_statuses_are_the_documented_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "not-json.json",
+            Some("{not json"),
+            2,
+            "not a well-formed bundle",
+        ),
+        (
+            "other-format.json",
+            Some(r#"{"format": "something-else"}"#),
+            2,
+            "not a well-formed bundle",
+        ),
+        ("missing.json", None, 1, "cannot read the bundle"),
+    ];
+    for (name, content, code, says) in cases {
+        let path = dir.path().join(name);
+        if let Some(content) = content {
+            std::fs::write(&path, content).unwrap();
+        }
+        let out = run_aether(&["audit", "verify", path.to_str().unwrap()], &[]);
+        assert_eq!(out.status.code(), Some(code), "{name}");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(said.contains(says), "{name}: {said}");
+    }
+    let help = run_aether(&["audit", "verify", "--help"], &[]);
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.contains("1: the bundle or key file could not be read"),
+        "{help}"
+    );
+}

@@ -320,3 +320,66 @@ async fn one_decision_for_a_request_id_raced_to_two_nodes() {
     assert!(node_b.terminate().success());
     db.drop_database().await;
 }
+
+/// A policy ingested through one node is enforced by the other: it follows the shared
+/// ledger, so within a moment both serve the same rule set (and the same registered model).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_ingested_through_one_node_is_in_force_on_the_other() {
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let node_a = node(&dir.path().join("a"), &db, "node-a", None);
+    let key = dir.path().join("a").join("keys").join(PRIVATE_KEY_FILE);
+    let node_b = node(&dir.path().join("b"), &db, "node-b", Some(&key));
+    let policies = |server: &Server| {
+        let url = server.url("/v1/policies");
+        async move {
+            let body: Value = http()
+                .get(url)
+                .bearer_auth(REGULATOR_TOKEN)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            body
+        }
+    };
+    let before = policies(&node_b).await;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let policy = std::fs::read_to_string(root.join("services/rules/policies/aml_v2.yaml")).unwrap();
+    let ingested = Instant::now();
+    let resp = http()
+        .post(node_a.url("/v1/policy/ingest"))
+        .bearer_auth(OPERATOR_TOKEN)
+        .header("content-type", "application/yaml")
+        .body(policy)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    let on_a = policies(&node_a).await;
+    assert_ne!(on_a["rule_set_digest"], before["rule_set_digest"]);
+    loop {
+        let on_b = policies(&node_b).await;
+        if on_b["rule_set_digest"] == on_a["rule_set_digest"] {
+            assert_eq!(
+                on_b["policies"], on_a["policies"],
+                "the same versions on both nodes"
+            );
+            break;
+        }
+        assert!(
+            ingested.elapsed() < Duration::from_secs(20),
+            "node-b never applied the policy: {on_b}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!(
+        "policy in force on the other node after {} ms",
+        ingested.elapsed().as_millis()
+    );
+    assert!(node_a.terminate().success());
+    assert!(node_b.terminate().success());
+    db.drop_database().await;
+}

@@ -585,6 +585,58 @@ async fn consistency(
     .into_response())
 }
 
+/// Exports running at once: a bundle holds its events and proofs in memory while it is
+/// built (about 12 KB an event), so they are bounded in total and per regulator.
+const MAX_EXPORTS: usize = 2;
+const MAX_EXPORTS_PER_REGULATOR: usize = 1;
+
+/// The exports running now, by regulator.
+static EXPORTS: std::sync::Mutex<Option<HashMap<String, usize>>> = std::sync::Mutex::new(None);
+
+/// One running export's place; given back when dropped.
+struct ExportSlot(String);
+
+impl ExportSlot {
+    fn take(actor: &str) -> Result<ExportSlot, Problem> {
+        let mut running = EXPORTS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let running = running.get_or_insert_with(HashMap::new);
+        let total: usize = running.values().sum();
+        let own = running.get(actor).copied().unwrap_or(0);
+        if own >= MAX_EXPORTS_PER_REGULATOR || total >= MAX_EXPORTS {
+            return Err(Problem::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "Too many exports",
+                format!(
+                    "{own} of your exports and {total} in all are being built (at most \
+                     {MAX_EXPORTS_PER_REGULATOR} per regulator and {MAX_EXPORTS} in all); \
+                     retry when one has finished"
+                ),
+            )
+            .retry_after(5));
+        }
+        *running.entry(actor.to_owned()).or_default() += 1;
+        Ok(ExportSlot(actor.to_owned()))
+    }
+}
+
+impl Drop for ExportSlot {
+    fn drop(&mut self) {
+        let mut running = EXPORTS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(running) = running.as_mut()
+            && let Some(n) = running.get_mut(&self.0)
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                running.remove(&self.0);
+            }
+        }
+    }
+}
+
 /// `POST /v1/audit/exports` with a JSON body of the same filters as `GET /v1/audit/events`
 /// (`from`, `to`, `event_type`, `stream_prefix`, `actor`, `trace_id`, `member`,
 /// `snapshot_id`, `request_id`, and `limit` up to 100,000): an evidence bundle of the
@@ -593,7 +645,8 @@ async fn consistency(
     description = "An evidence bundle (audit/BUNDLE.md) of the matching events covered by the latest signed checkpoint, with proofs, checkpoints and lineage records; verify it offline with `aether audit verify`. Role: regulator.",
     request_body(content = serde_json::Value, description = "The filters of `GET /v1/audit/events` as JSON members, and `limit` up to 100000"),
     responses((status = 200, description = "The bundle", body = serde_json::Value),
-              (status = 409, description = "No signed checkpoint covers the events yet")))]
+              (status = 409, description = "No signed checkpoint covers the events yet"),
+              (status = 429, description = "Too many exports being built (1 per regulator, 2 in all); `Retry-After` says when to try again")))]
 async fn export(
     State(state): State<AppState>,
     auditor: Auditor,
@@ -646,6 +699,7 @@ async fn export(
             "limit must be between 1 and {MAX_EXPORT_EVENTS}, got {limit}"
         )));
     }
+    let _slot = ExportSlot::take(&auditor.actor)?;
     let Some((_, anchor)) = latest_checkpoint(&state).await? else {
         return Err(Problem::new(
             StatusCode::CONFLICT,
@@ -707,4 +761,34 @@ async fn export(
         bytes,
     )
         .into_response())
+}
+
+#[cfg(test)]
+mod export_slot_tests {
+    use super::*;
+
+    /// One export per regulator and two in all; a finished export gives its place back.
+    #[test]
+    fn exports_are_bounded_per_regulator_and_in_all() {
+        let status = |r: Result<ExportSlot, Problem>| match r {
+            Ok(_) => panic!("expected a refusal"),
+            Err(p) => p.into_response().status(),
+        };
+        let a = ExportSlot::take("regulator:a").unwrap();
+        assert_eq!(
+            status(ExportSlot::take("regulator:a")),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        let b = ExportSlot::take("regulator:b").unwrap();
+        let refused = ExportSlot::take("regulator:c")
+            .err()
+            .unwrap()
+            .into_response();
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(refused.headers()["retry-after"], "5");
+        drop(a);
+        let c = ExportSlot::take("regulator:c").unwrap();
+        drop((b, c));
+        drop(ExportSlot::take("regulator:a").unwrap());
+    }
 }

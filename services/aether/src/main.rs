@@ -28,6 +28,7 @@ mod worker;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use aether_audit::BundleError;
 use aether_ledger::checkpoint::{CheckpointVerifier, PUBLIC_KEY_FILE};
 use aether_ledger::{EventStore, StoreConfig, redact_url};
 use anyhow::{Context, bail};
@@ -144,7 +145,9 @@ enum LineageCommand {
 #[derive(Subcommand)]
 enum AuditCommand {
     /// Verify an evidence bundle offline (format: audit/BUNDLE.md). Exit 0: valid and signed
-    /// by the trusted key; 3: valid but the signer was not independently trusted; 2: invalid.
+    /// by the trusted key; 3: valid but the signer was not independently trusted; 2: invalid
+    /// (a file that is not a well-formed bundle included); 1: the bundle or key file could
+    /// not be read.
     Verify {
         /// The bundle file (JSON).
         bundle: PathBuf,
@@ -427,11 +430,35 @@ fn audit_verify(
         indicatif::ProgressStyle::with_template("verifying {bar:40} {pos}/{len} ({eta})")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let verdict = aether_audit::verify_bundle_file(bundle, trusted.as_ref(), |done, total| {
+    let verdict = match aether_audit::verify_bundle_file(bundle, trusted.as_ref(), |done, total| {
         bar.set_length(total);
         bar.set_position(done);
-    })
-    .with_context(|| format!("cannot read the bundle {}", bundle.display()))?;
+    }) {
+        Ok(verdict) => verdict,
+        // A file that cannot be read says nothing of the bundle: exit 1, as any error.
+        Err(e @ (BundleError::File { .. } | BundleError::Io(_))) => {
+            return Err(anyhow::Error::new(e)
+                .context(format!("cannot read the bundle {}", bundle.display())));
+        }
+        // Anything read that is not a well-formed bundle is an invalid bundle.
+        Err(e) => {
+            bar.finish_and_clear();
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::json!({
+                        "ok": false, "malformed": e.to_string()
+                    }))?
+                );
+            } else {
+                println!(
+                    "INVALID: {} is not a well-formed bundle: {e}",
+                    bundle.display()
+                );
+            }
+            return Ok(ExitCode::from(2));
+        }
+    };
     bar.finish_and_clear();
     if json {
         println!("{}", serde_json::to_string_pretty(&verdict)?);

@@ -286,6 +286,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         engines = control.engines.engines().len(),
         "control plane rebuilt from the ledger"
     );
+    // Policies and models recorded through other nodes of the cluster, applied here too.
+    let control_follower = tokio::spawn(
+        control
+            .clone()
+            .follow(Duration::from_millis(200), stop_rx.clone()),
+    );
     let interrupted = control
         .engines
         .fail_interrupted(control.snapshots.in_force())
@@ -406,6 +412,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!("shutting down: signing a last checkpoint and draining the ledger writer");
     let _ = stop_tx.send(true);
     let _ = supervisor.await;
+    let _ = control_follower.await;
     match checkpointer.await {
         Ok(Err(e)) => tracing::error!(error = %e, "checkpointer failed"),
         Err(e) => tracing::error!(error = %e, "checkpointer task failed"),

@@ -244,6 +244,28 @@ impl ModelRegistry {
         Ok(registry)
     }
 
+    /// Applies the `ModelRegistered` events after seq `*after` (registered through another
+    /// node of the cluster; applying a known one again changes nothing) and moves `*after`.
+    pub async fn follow_step(&self, after: &mut u64) -> Result<usize, LedgerError> {
+        let filter = EventFilter {
+            event_type: Some(MODEL_REGISTERED.into()),
+            stream_prefix: Some("model/".into()),
+            ..EventFilter::default()
+        };
+        let mut applied = 0;
+        loop {
+            let page = self.store.query(&filter, *after, 100).await?;
+            for event in &page {
+                *after = event.seq;
+                self.apply(event);
+                applied += 1;
+            }
+            if page.len() < 100 {
+                return Ok(applied);
+            }
+        }
+    }
+
     /// Where local artifacts may be read from from now on (registration and activation).
     pub fn set_artifact_policy(&self, policy: ArtifactPolicy) {
         if let Ok(mut p) = self.artifacts.write() {

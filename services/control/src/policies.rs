@@ -113,6 +113,49 @@ impl PolicyRegistry {
         Ok(registry)
     }
 
+    /// Applies the `PolicyIngested` events after seq `*after` that this node does not know
+    /// yet (ingested through another node of the cluster), and moves `*after` on; returns
+    /// how many it applied. A policy this node ingested itself is known and skipped.
+    pub async fn follow_step(&self, after: &mut u64) -> Result<usize, LedgerError> {
+        let filter = EventFilter {
+            event_type: Some(POLICY_INGESTED.into()),
+            stream_prefix: Some("policy/".into()),
+            ..EventFilter::default()
+        };
+        let mut applied = 0;
+        loop {
+            let page = self.store.query(&filter, *after, 100).await?;
+            for event in &page {
+                *after = event.seq;
+                let payload = event.payload_value().unwrap_or_default();
+                let key = (
+                    payload["name"].as_str().unwrap_or_default().to_owned(),
+                    payload["version"].as_str().unwrap_or_default().to_owned(),
+                );
+                let known = self
+                    .projection
+                    .read()
+                    .map(|p| p.compiled.contains_key(&key))
+                    .unwrap_or(true);
+                if known {
+                    continue;
+                }
+                match self.apply(event).await {
+                    Ok(()) => {
+                        applied += 1;
+                        tracing::info!(seq = event.seq, policy = %key.0, version = %key.1, "applied a policy ingested through another node");
+                    }
+                    Err(e) => {
+                        tracing::error!(seq = event.seq, error = %e, "a policy on the ledger does not compile")
+                    }
+                }
+            }
+            if page.len() < 100 {
+                return Ok(applied);
+            }
+        }
+    }
+
     /// The live rule engine (hot-swapped on every ingest).
     pub fn engine(&self) -> Arc<RuleEngine> {
         self.engine.clone()
@@ -169,6 +212,12 @@ impl PolicyRegistry {
         recorded_at: chrono::DateTime<chrono::Utc>,
     ) {
         if let Ok(mut p) = self.projection.write() {
+            // Applied already (a node following the ledger may meet its own ingest).
+            if p.compiled
+                .contains_key(&(policy.name().to_owned(), policy.version().to_owned()))
+            {
+                return;
+            }
             p.compiled.insert(
                 (policy.name().to_owned(), policy.version().to_owned()),
                 policy.clone(),

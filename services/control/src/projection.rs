@@ -79,6 +79,41 @@ impl ControlState {
         })
     }
 
+    /// Applies, on this node, the policies and models that other nodes of the cluster
+    /// record on the shared ledger, every `every`, until `stop`: a policy ingested through
+    /// one node is enforced by the others within about `every`. (Engines, rollouts, corpora
+    /// and snapshots written through another node are applied when this node starts.)
+    pub async fn follow(
+        self,
+        every: std::time::Duration,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let (mut policies_after, mut models_after) = (0, 0);
+        let mut failing = false;
+        loop {
+            let step = async {
+                self.models.follow_step(&mut models_after).await?;
+                self.policies.follow_step(&mut policies_after).await
+            };
+            match step.await {
+                Ok(_) if failing => {
+                    failing = false;
+                    tracing::info!("following the ledger's control events again");
+                }
+                Ok(_) => {}
+                Err(e) if !failing => {
+                    failing = true;
+                    tracing::warn!(error = %e, "cannot follow the ledger's control events; retrying");
+                }
+                Err(_) => {}
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = stop.changed() => return,
+            }
+        }
+    }
+
     /// `origin` naming the snapshot in force, as every control event must.
     pub fn under_snapshot(&self, origin: Origin) -> Origin {
         Origin {
