@@ -224,6 +224,8 @@ fn failover_bench_kills_the_holder_and_times_each_takeover() {
         "2",
         "--lease-ttl-ms",
         "600",
+        "--policies",
+        "2",
     ]);
     // Both nodes took the duty in turn.
     assert!(
@@ -236,4 +238,6 @@ fn failover_bench_kills_the_holder_and_times_each_takeover() {
     );
     let summary = line_starting(&report, "checkpointer failover after SIGKILL");
     assert!(summary.contains("2 kills: p50 "), "{summary}");
+    let policies = line_starting(&report, "policy propagation to the other node");
+    assert!(policies.contains("2 ingests: p50 "), "{policies}");
 }

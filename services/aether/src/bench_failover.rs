@@ -25,9 +25,14 @@ pub struct FailoverBench {
     /// The nodes' lease ttl, milliseconds (`--lease-ttl-ms` of `aether serve`).
     #[arg(long, default_value_t = 3000)]
     lease_ttl_ms: u64,
+    /// Policy versions to ingest through one node, timing until the other serves the same
+    /// rule set (0: skip).
+    #[arg(long, default_value_t = 20)]
+    policies: usize,
 }
 
 const REGULATOR: &str = "bench-failover-regulator-token-0000";
+const OPERATOR: &str = "bench-failover-operator-token-00000";
 
 pub async fn run(b: FailoverBench) -> anyhow::Result<()> {
     if !b.database_url.starts_with("postgres") {
@@ -37,20 +42,34 @@ pub async fn run(b: FailoverBench) -> anyhow::Result<()> {
     let tmp = tempfile::tempdir()?;
     let result = rounds(&b, &scratch.url, tmp.path()).await;
     scratch.drop().await;
-    let mut times = result?;
+    let (kills, policies) = result?;
+    println!(
+        "checkpointer failover after SIGKILL of its holder, lease ttl {} ms, {} kills: {}",
+        b.lease_ttl_ms,
+        kills.len(),
+        spread(kills)
+    );
+    if !policies.is_empty() {
+        println!(
+            "policy propagation to the other node, {} ingests: {}",
+            policies.len(),
+            spread(policies)
+        );
+    }
+    Ok(())
+}
+
+/// `p50 …, p99 …, max … ms (min …)` of some milliseconds.
+fn spread(mut times: Vec<u128>) -> String {
     times.sort_unstable();
     let at = |q: f64| times[((times.len() as f64 * q).ceil() as usize).clamp(1, times.len()) - 1];
-    println!(
-        "checkpointer failover after SIGKILL of its holder, lease ttl {} ms, {} kills: \
-         p50 {} ms, p99 {} ms, max {} ms (min {} ms)",
-        b.lease_ttl_ms,
-        times.len(),
+    format!(
+        "p50 {} ms, p99 {} ms, max {} ms (min {} ms)",
         at(0.50),
         at(0.99),
         times[times.len() - 1],
         times[0]
-    );
-    Ok(())
+    )
 }
 
 async fn start(url: &str, data: &Path, id: &str, ttl: &str) -> anyhow::Result<ServeChild> {
@@ -58,7 +77,7 @@ async fn start(url: &str, data: &Path, id: &str, ttl: &str) -> anyhow::Result<Se
         data,
         &data.with_extension("log"),
         Some(url),
-        Some(&format!("regulator:{REGULATOR}")),
+        Some(&format!("operator:{OPERATOR},regulator:{REGULATOR}")),
         2_000,
         "warn",
         &[
@@ -101,7 +120,62 @@ async fn wait_for(node: &ServeChild, id: &str, limit: Duration) -> anyhow::Resul
     }
 }
 
-async fn rounds(b: &FailoverBench, url: &str, tmp: &Path) -> anyhow::Result<Vec<u128>> {
+/// The rule set digest `node` serves.
+async fn rule_set(node: &ServeChild) -> anyhow::Result<String> {
+    let (status, body) = http_request(&node.http, "GET", "/v1/policies", REGULATOR, None).await?;
+    if status != 200 {
+        bail!("GET /v1/policies answered {status}: {body}");
+    }
+    let view: Value = serde_json::from_str(&body)?;
+    Ok(view["rule_set_digest"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned())
+}
+
+/// Ingests `count` versions of a policy through `from` and times, for each, until `to`
+/// serves the same rule set (polled every 5 ms).
+async fn propagation(
+    from: &ServeChild,
+    to: &ServeChild,
+    count: usize,
+) -> anyhow::Result<Vec<u128>> {
+    let mut times = Vec::with_capacity(count);
+    for n in 0..count {
+        let policy = format!(
+            "name: bench_propagation\nversion: 1.0.{n}\nrules:\n  - id: large\n    \
+             expression: request.amount_minor >= {}\n    action: hold\n    severity: low\n",
+            1_000_000 + n
+        );
+        let started = Instant::now();
+        let (status, body) = http_request(
+            &from.http,
+            "POST",
+            "/v1/policy/ingest",
+            OPERATOR,
+            Some(("application/yaml", policy.as_bytes())),
+        )
+        .await?;
+        if status != 201 {
+            bail!("the policy ingest answered {status}: {body}");
+        }
+        let wanted = rule_set(from).await?;
+        while rule_set(to).await? != wanted {
+            if started.elapsed() > Duration::from_secs(30) {
+                bail!("the other node did not apply policy version 1.0.{n} within 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        times.push(started.elapsed().as_millis());
+    }
+    Ok(times)
+}
+
+async fn rounds(
+    b: &FailoverBench,
+    url: &str,
+    tmp: &Path,
+) -> anyhow::Result<(Vec<u128>, Vec<u128>)> {
     let ttl = b.lease_ttl_ms.to_string();
     let limit = Duration::from_millis(b.lease_ttl_ms * 4 + 10_000);
     let dirs = [tmp.join("a"), tmp.join("b")];
@@ -112,6 +186,7 @@ async fn rounds(b: &FailoverBench, url: &str, tmp: &Path) -> anyhow::Result<Vec<
     let second = start(url, &dirs[1], ids[1], &ttl).await?;
     let mut nodes = [first, second];
     wait_for(&nodes[1], ids[0], limit).await?;
+    let policies = propagation(&nodes[0], &nodes[1], b.policies).await?;
     let mut holder_index = 0;
     let mut times = Vec::with_capacity(b.kills);
     for round in 0..b.kills {
@@ -133,7 +208,7 @@ async fn rounds(b: &FailoverBench, url: &str, tmp: &Path) -> anyhow::Result<Vec<
     for node in &mut nodes {
         node.stop().await;
     }
-    Ok(times)
+    Ok((times, policies))
 }
 
 fn copy_dir(from: &Path, to: &Path) -> anyhow::Result<()> {
