@@ -131,7 +131,7 @@ pub struct Bundle {
     /// Opaque records linking events to lineage (OpenLineage run, Delta version); not
     /// authenticated and not checked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lineage: Option<Vec<serde_json::Value>>,
+    pub lineage: Option<Vec<serde_json::Map<String, serde_json::Value>>>,
 }
 
 /// RFC 9162 consistency proof between two consecutive checkpoints of a bundle.
@@ -295,7 +295,10 @@ impl Bundle {
     }
 
     /// Attaches lineage records (opaque to this crate).
-    pub fn with_lineage(mut self, lineage: Vec<serde_json::Value>) -> Self {
+    pub fn with_lineage(
+        mut self,
+        lineage: Vec<serde_json::Map<String, serde_json::Value>>,
+    ) -> Self {
         self.lineage = Some(lineage);
         self
     }

@@ -513,12 +513,12 @@ impl Checker {
         let recorded_at = match DateTime::parse_from_rfc3339(&event.recorded_at) {
             Ok(t) => {
                 let t = t.with_timezone(&Utc);
-                if hashing::format_timestamp(&t) != event.recorded_at {
+                if !hashing::is_canonical_timestamp(&event.recorded_at) {
                     self.problem(
                         seq,
                         ProblemKind::EventField,
                         format!(
-                            "recorded_at {:?} is not RFC 3339 UTC with six fractional digits and Z",
+                            "recorded_at {:?} is not RFC 3339 UTC with six fractional digits and Z (no leap second)",
                             event.recorded_at
                         ),
                     );

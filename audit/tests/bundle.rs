@@ -927,10 +927,12 @@ fn the_parser_is_strict_and_bounded() {
     assert!(Bundle::from_reader(text.as_bytes(), &exact).is_ok());
 
     // Lineage is optional and opaque.
-    let with_lineage = f
-        .bundle
-        .clone()
-        .with_lineage(vec![json!({"seq": 8, "run_id": "r-1", "delta_version": 3})]);
+    let with_lineage = f.bundle.clone().with_lineage(vec![
+        json!({"seq": 8, "run_id": "r-1", "delta_version": 3})
+            .as_object()
+            .unwrap()
+            .clone(),
+    ]);
     let parsed = Bundle::from_slice(&with_lineage.to_vec().unwrap()).unwrap();
     assert_eq!(parsed, with_lineage);
     assert!(!text.contains("\"lineage\""));
@@ -1035,4 +1037,35 @@ proptest! {
             Ok(parsed) => prop_assert!(!verify_bundle(&parsed, Some(key)).ok),
         }
     }
+}
+
+/// As strict as BUNDLE.md: `lineage` is an array of objects (`[1, 2]` is refused when the
+/// bundle is read), `recorded_at` never names a leap second, and a checkpoint's `signed_at`
+/// in another form is reported as malformed (not merely as a bad signature).
+#[test]
+fn lineage_records_times_and_signed_at_follow_the_documented_forms() {
+    let f = fixture();
+    let mut doc: serde_json::Value = serde_json::from_slice(&f.bundle.to_vec().unwrap()).unwrap();
+    doc["lineage"] = json!([1, 2]);
+    match Bundle::from_slice(&serde_json::to_vec(&doc).unwrap()) {
+        Err(BundleError::Json(_)) => {}
+        other => panic!("lineage [1, 2] was accepted: {other:?}"),
+    }
+
+    let mut bundle = f.bundle.clone();
+    event_mut(&mut bundle, 8).recorded_at = "2016-12-31T23:59:60.000000Z".into();
+    let verdict = verify_trusted(&f, &bundle);
+    assert!(!verdict.ok);
+    assert!(
+        verdict.problems.iter().any(|p| p.seq == Some(8)
+            && p.kind == ProblemKind::EventField
+            && p.what.contains("no leap second")),
+        "{verdict}"
+    );
+
+    let mut bundle = f.bundle.clone();
+    bundle.checkpoints[0].signed_at = "2026-11-30T09:30:02Z".into();
+    let verdict = verify_trusted(&f, &bundle);
+    assert!(!verdict.ok);
+    assert!(verdict.to_string().contains("signed_at"), "{verdict}");
 }

@@ -110,7 +110,13 @@ def main(path, trusted_hex=None):
     if key != b["public_key"]: problems.append("bundle names another key")
     print("fingerprint", hashlib.new("sm3", bytes.fromhex(key)).hexdigest(), "trusted" if trusted_hex else "NOT independently trusted")
     cps = b["checkpoints"]
+    TIME = re.compile(r"^\d{4}-\d\d-\d\dT([01]\d|2[0-3]):[0-5]\d:[0-5]\d\.\d{6}Z$")  # no leap second
+    lineage = b.get("lineage")
+    if lineage is not None and not (isinstance(lineage, list) and all(isinstance(r, dict) for r in lineage)):
+        problems.append("lineage is not an array of objects")
     for i, c in enumerate(cps):
+        if not isinstance(c["signed_at"], str) or not TIME.match(c["signed_at"]):
+            problems.append(f"checkpoint {i} signed_at {c['signed_at']!r} not in the documented form"); continue
         st = f"aether.checkpoint.v1\n{c['tree_size']}\n{c['root_hash']}\n{c['signed_at']}\n".encode()
         if c["public_key"] != key or not sm2_verify(key, st, c["signature"]): problems.append(f"checkpoint {i} signature")
         if i and c["tree_size"] <= cps[i-1]["tree_size"]: problems.append(f"checkpoint {i} order")
@@ -129,7 +135,7 @@ def main(path, trusted_hex=None):
             v = json.loads(e[f], object_pairs_hook=no_dups)
             if not isinstance(v, dict) or jcs(v) != e[f]: problems.append(f"seq {s}: {f} not canonical")
         if str(uuid.UUID(e["event_id"])) != e["event_id"]: problems.append(f"seq {s}: event_id")
-        if not re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$", e["recorded_at"]): problems.append(f"seq {s}: recorded_at")
+        if not TIME.match(e["recorded_at"]): problems.append(f"seq {s}: recorded_at")
         canonical = ('{"event_id":' + json.dumps(e["event_id"]) + ',"event_type":' + json.dumps(e["event_type"], ensure_ascii=False)
                      + ',"metadata":' + e["metadata"] + ',"payload":' + e["payload"] + ',"recorded_at":' + json.dumps(e["recorded_at"])
                      + f',"schema_version":{e["schema_version"]},"seq":{s},"stream_id":' + json.dumps(e["stream_id"], ensure_ascii=False)

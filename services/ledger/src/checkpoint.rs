@@ -212,6 +212,14 @@ impl CheckpointVerifier {
 
     /// Checks that `checkpoint` carries this key and a valid signature over its statement.
     pub fn verify(&self, checkpoint: &SignedCheckpoint) -> Result<(), CheckpointError> {
+        // The statement is four lines: a `signed_at` in any other form (a line break in it
+        // would make a fifth) is refused before any signature is checked.
+        if !crate::hashing::is_canonical_timestamp(&checkpoint.signed_at) {
+            return Err(CheckpointError::Malformed(format!(
+                "signed_at {:?} is not RFC 3339 UTC with six fractional digits and Z",
+                checkpoint.signed_at
+            )));
+        }
         let trusted = self.public_key_hex();
         if !checkpoint.public_key.eq_ignore_ascii_case(&trusted) {
             return Err(CheckpointError::UntrustedKey {
@@ -267,6 +275,37 @@ impl SignedCheckpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A checkpoint validly signed over a `signed_at` in any form but the documented one is
+    /// refused before its signature counts: no fraction, three digits, an offset, words, a
+    /// line break (which made a five-line statement), a leap second.
+    #[test]
+    fn a_signed_at_in_another_form_is_refused_even_when_signed() {
+        let signer = CheckpointSigner::generate().unwrap();
+        let good = signer.sign(42, [7u8; 32], Utc::now());
+        for signed_at in [
+            "2026-11-30T09:30:02Z",
+            "2026-11-30T09:30:02.500Z",
+            "2026-11-30T17:30:02.500000+08:00",
+            "yesterday",
+            "2026-11-30T09:30:02.500000Z\nextra",
+            "2016-12-31T23:59:60.000000Z",
+        ] {
+            let signature: Signature = signer.key.sign(&statement(42, &good.root_hash, signed_at));
+            let forged = SignedCheckpoint {
+                signed_at: signed_at.to_owned(),
+                signature: hex::encode(signature.to_bytes()),
+                ..good.clone()
+            };
+            match signer.verifier().verify(&forged) {
+                Err(CheckpointError::Malformed(why)) => {
+                    assert!(why.contains("signed_at"), "{signed_at:?}: {why}")
+                }
+                other => panic!("{signed_at:?} was not refused: {other:?}"),
+            }
+        }
+        signer.verifier().verify(&good).unwrap();
+    }
 
     #[test]
     fn a_signed_checkpoint_verifies_and_any_change_breaks_it() {

@@ -64,6 +64,17 @@ pub fn format_timestamp(t: &DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Micros, true)
 }
 
+/// Whether `text` is a time written exactly as [`format_timestamp`] writes one: RFC 3339 in
+/// UTC with six fractional digits and `Z` (`2026-11-30T09:30:00.123456Z`), no leap second
+/// (the ledger's clock never records one). Anything else (no fraction, three digits, an
+/// offset, a line break) is not the form that is hashed and signed.
+pub fn is_canonical_timestamp(text: &str) -> bool {
+    DateTime::parse_from_rfc3339(text).is_ok_and(|t| {
+        let t = t.with_timezone(&Utc);
+        chrono::Timelike::nanosecond(&t) < 1_000_000_000 && format_timestamp(&t) == text
+    })
+}
+
 /// Serde helper writing a timestamp the way it is hashed.
 pub fn serialize_timestamp<S: Serializer>(t: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&format_timestamp(t))
