@@ -865,3 +865,109 @@ async fn bytes_at_the_end(server: &Server) -> Vec<u8> {
         .flat_map(|e| hex_hash::parse(e["hash"].as_str().unwrap()).unwrap())
         .collect()
 }
+
+/// Two exports taken at different times prove the ledger only grew: the second, asked with
+/// `since_tree_size` = the first's anchor, carries that same signed checkpoint and a
+/// consistency proof to its own anchor, and verifies offline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_export_proves_it_extends_an_earlier_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &[("AETHER_CHECKPOINT_EVERY_EVENTS", "3")]);
+    let append = |n: u64| {
+        http()
+            .post(server.url("/v1/events"))
+            .bearer_auth(OPERATOR_TOKEN)
+            .json(
+                &json!({"stream_id": "trades/m-9", "events": [{"event_type": "TradeBooked",
+                "payload": {"n": n}, "metadata": {"member": "m-9"}}]}),
+            )
+            .send()
+    };
+    // An export once a checkpoint covers some events ...
+    let export_covering = |at_least: u64, body: Value| {
+        let server = &server;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let resp = post_export(server, REGULATOR_TOKEN, body.clone())
+                    .await
+                    .unwrap();
+                if resp.status() == 200 {
+                    let bundle: Value = resp.json().await.unwrap();
+                    let anchor =
+                        bundle["checkpoints"].as_array().unwrap().last().unwrap()["tree_size"]
+                            .as_u64()
+                            .unwrap();
+                    if anchor >= at_least {
+                        return bundle;
+                    }
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "no checkpoint covers {at_least} events"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    for n in 0..4 {
+        assert_eq!(append(n).await.unwrap().status(), 201);
+    }
+    let first = export_covering(4, json!({"member": "m-9"})).await;
+    let held = first["checkpoints"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    let held_size = held["tree_size"].as_u64().unwrap();
+    // ... and a later one, months on, asked to extend the checkpoint the regulator kept.
+    for n in 4..10 {
+        assert_eq!(append(n).await.unwrap().status(), 201);
+    }
+    let later = export_covering(
+        held_size + 6,
+        json!({"member": "m-9", "since_tree_size": held_size}),
+    )
+    .await;
+    let checkpoints = later["checkpoints"].as_array().unwrap();
+    assert_eq!(checkpoints.len(), 2, "{later}");
+    assert_eq!(
+        checkpoints[0], held,
+        "the regulator's checkpoint, as it was signed"
+    );
+    assert_eq!(later["consistency"].as_array().unwrap().len(), 1);
+    let file = dir.path().join("later.json");
+    std::fs::write(&file, serde_json::to_vec(&later).unwrap()).unwrap();
+    let public = data.join("keys").join(PUBLIC_KEY_FILE);
+    let out = aether_e2e::run_aether(
+        &[
+            "audit",
+            "verify",
+            file.to_str().unwrap(),
+            "--public-key",
+            public.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // A size no checkpoint has is refused, naming it.
+    let resp = post_export(
+        &server,
+        REGULATOR_TOKEN,
+        json!({"since_tree_size": held_size + 1}),
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(resp.status().as_u16(), 404 | 422),
+        "{}",
+        resp.status()
+    );
+    assert!(server.terminate().success());
+}

@@ -21,7 +21,8 @@ pub struct ExportArgs {
     #[arg(long, env = "AETHER_TOKEN", hide_env_values = true)]
     pub token: String,
     /// A filter `key=value`, repeatable: from, to, event_type, stream_prefix, actor,
-    /// trace_id, member, snapshot_id, request_id, limit (as `GET /v1/audit/events`).
+    /// trace_id, member, snapshot_id, request_id, limit (as `GET /v1/audit/events`), and
+    /// since_tree_size (a checkpoint you hold, proven extended by the bundle).
     #[arg(long = "filter", value_name = "KEY=VALUE")]
     pub filters: Vec<String>,
     /// Where to write the bundle.

@@ -585,6 +585,58 @@ async fn consistency(
     .into_response())
 }
 
+/// The signed checkpoint of exactly `size` events, for a bundle that proves the ledger
+/// only grew since (`None` when it is the anchor itself). Checkpoints are read newest first
+/// until the size is passed: a regulator's earlier checkpoint is found by reading the
+/// checkpoints signed since.
+async fn checkpoint_of_size(
+    state: &AppState,
+    size: u64,
+    anchor_size: u64,
+) -> Result<Option<SignedCheckpoint>, Problem> {
+    if size == 0 || size > anchor_size {
+        return Err(Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid since_tree_size",
+            format!(
+                "since_tree_size must be from 1 to the latest checkpoint's {anchor_size}, got {size}"
+            ),
+        ));
+    }
+    if size == anchor_size {
+        return Ok(None);
+    }
+    let mut before = u64::MAX;
+    loop {
+        let page = state
+            .store
+            .read_stream(CHECKPOINT_STREAM, before, Direction::Backward, 1000)
+            .await?;
+        for event in &page {
+            before = event.stream_version.saturating_sub(1);
+            if let Some(Ok(checkpoint)) = SignedCheckpoint::from_event(event) {
+                if checkpoint.tree_size == size {
+                    return Ok(Some(checkpoint));
+                }
+                if checkpoint.tree_size < size {
+                    break;
+                }
+            }
+        }
+        let passed = page
+            .last()
+            .and_then(|e| SignedCheckpoint::from_event(e)?.ok())
+            .is_some_and(|c| c.tree_size < size);
+        if page.len() < 1000 || passed || before == 0 {
+            return Err(Problem::new(
+                StatusCode::NOT_FOUND,
+                "No such checkpoint",
+                format!("no signed checkpoint covers exactly {size} events"),
+            ));
+        }
+    }
+}
+
 /// Exports running at once: a bundle holds its events and proofs in memory while it is
 /// built (about 12 KB an event), so they are bounded in total and per regulator.
 const MAX_EXPORTS: usize = 2;
@@ -643,8 +695,9 @@ impl Drop for ExportSlot {
 /// matching events covered by the latest signed checkpoint, with their inclusion proofs.
 #[utoipa::path(post, path = "/v1/audit/exports", tag = "audit",
     description = "An evidence bundle (audit/BUNDLE.md) of the matching events covered by the latest signed checkpoint, with proofs, checkpoints and lineage records; verify it offline with `aether audit verify`. Role: regulator.",
-    request_body(content = serde_json::Value, description = "The filters of `GET /v1/audit/events` as JSON members, and `limit` up to 100000"),
+    request_body(content = serde_json::Value, description = "The filters of `GET /v1/audit/events` as JSON members, `limit` up to 100000, and `since_tree_size`: the tree size of a checkpoint the regulator already holds, which the bundle then includes with a consistency proof to the anchor"),
     responses((status = 200, description = "The bundle", body = serde_json::Value),
+              (status = 404, description = "No signed checkpoint has exactly `since_tree_size` events"),
               (status = 409, description = "No signed checkpoint covers the events yet"),
               (status = 429, description = "Too many exports being built (1 per regulator, 2 in all); `Retry-After` says when to try again")))]
 async fn export(
@@ -685,6 +738,7 @@ async fn export(
         "snapshot_id",
         "request_id",
         "limit",
+        "since_tree_size",
     ];
     if let Some(unknown) = p.keys().find(|k| !allowed.contains(&k.as_str())) {
         return Err(Problem::bad_request(format!(
@@ -707,9 +761,18 @@ async fn export(
             "no signed checkpoint exists yet, so nothing can be proven; retry after the first one",
         ));
     };
+    // A regulator who holds an earlier checkpoint asks for it to be proven extended.
+    let since = match p.get("since_tree_size") {
+        None => None,
+        Some(_) => {
+            let size = parse_u64(&p, "since_tree_size", 0)?;
+            checkpoint_of_size(&state, size, anchor.tree_size).await?
+        }
+    };
     record_access(&state, &auditor, "export", Value::Object(filters.clone())).await?;
     let mut filters = filters;
     filters.insert("anchor_tree_size".into(), json!(anchor.tree_size));
+    let checkpoints: Vec<SignedCheckpoint> = since.into_iter().chain([anchor.clone()]).collect();
     let mut repairs = 0;
     let bundle = loop {
         let events = export_events(&state, &filter, limit, anchor.tree_size).await?;
@@ -721,7 +784,7 @@ async fn export(
         match aether_audit::Bundle::build(
             events,
             &state.merkle.proofs(),
-            vec![anchor.clone()],
+            checkpoints.clone(),
             Value::Object(filters.clone()),
             Utc::now(),
         ) {
