@@ -247,7 +247,7 @@ impl PolicyRegistry {
         format: PolicyFormat,
         origin: &Origin,
     ) -> Result<(PolicyRecord, Option<Committed>), IngestError> {
-        let policy = match compile(source.to_owned(), format).await {
+        let policy = match compile_new(source.to_owned(), format).await {
             Ok(p) => p,
             Err(e) => {
                 self.reject(source, None, &e.to_string(), origin).await?;
@@ -339,6 +339,23 @@ impl PolicyRegistry {
 }
 
 /// Compiles on a blocking thread: the CEL compiler runs on a big-stack thread of its own.
+/// [`compile`] for a new ingest: also timed on the sample (`CompiledPolicy::check_cost`),
+/// off the runtime's threads. Only a new ingest is timed: a stored policy is never dropped
+/// at a replay because the machine is slow that day.
+async fn compile_new(source: String, format: PolicyFormat) -> Result<CompiledPolicy, PolicyError> {
+    tokio::task::spawn_blocking(move || {
+        let policy = CompiledPolicy::parse(&source, format)?;
+        policy.check_cost()?;
+        Ok(policy)
+    })
+    .await
+    .unwrap_or_else(|e| {
+        Err(PolicyError::CompilerUnavailable {
+            message: e.to_string(),
+        })
+    })
+}
+
 async fn compile(source: String, format: PolicyFormat) -> Result<CompiledPolicy, PolicyError> {
     tokio::task::spawn_blocking(move || CompiledPolicy::parse(&source, format))
         .await

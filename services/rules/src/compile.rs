@@ -35,6 +35,12 @@ pub const MAX_EXPRESSION_BYTES: usize = 4096;
 /// an evaluation within a 2 MiB thread stack (a Tokio worker's) even in a debug build.
 pub const MAX_EXPRESSION_DEPTH: usize = 32;
 
+/// Longest a rule may take on the built-in sample when it is compiled. A rule is evaluated
+/// for every trade under the gateway's latency budget, where rules take microseconds; one
+/// that takes longer on the sample (nested comprehensions, say) is refused at ingest
+/// rather than met in the clearing path.
+pub const MAX_TRIAL_MILLIS: u128 = 20;
+
 /// Stack of the thread that parses and tries expressions.
 const COMPILE_STACK_BYTES: usize = 64 << 20;
 
@@ -164,6 +170,36 @@ impl CompiledPolicy {
             rules,
             rule_set_entry,
         })
+    }
+
+    /// Times every rule on the built-in sample and refuses one that takes longer than
+    /// [`MAX_TRIAL_MILLIS`]. For new ingests only: a policy already on the ledger is never
+    /// dropped at a restart because the machine is slow that day.
+    pub fn check_cost(&self) -> Result<(), PolicyError> {
+        let sample = match (
+            to_val(&crate::sample::sample_request()),
+            to_val(&crate::sample::sample_context()),
+        ) {
+            (Some(r), Some(c)) => cel_context(r, c),
+            _ => {
+                return Err(PolicyError::CompilerUnavailable {
+                    message: "the built-in sample cannot be converted".to_string(),
+                });
+            }
+        };
+        for rule in &self.rules {
+            let started = std::time::Instant::now();
+            let _ = rule.run(&sample);
+            let took = started.elapsed().as_millis();
+            if took > MAX_TRIAL_MILLIS {
+                return Err(PolicyError::TooSlow {
+                    rule_id: rule.spec.id.clone(),
+                    took_ms: took,
+                    max_ms: MAX_TRIAL_MILLIS,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Parses a JSON document and compiles it.

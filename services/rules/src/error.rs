@@ -116,6 +116,17 @@ pub enum PolicyError {
         max: usize,
     },
 
+    /// The trial on the built-in sample took longer than a rule may (see
+    /// `MAX_TRIAL_MILLIS`).
+    #[error(
+        "rule {rule_id:?}: expression took {took_ms} ms on the sample request and context, more than the limit of {max_ms} ms for one rule"
+    )]
+    TooSlow {
+        rule_id: String,
+        took_ms: u128,
+        max_ms: u128,
+    },
+
     /// The type check by trial: on the built-in sample request and context the
     /// expression returned something other than a bool.
     #[error(

@@ -377,3 +377,32 @@ fn pathological_expressions_are_errors_not_crashes() {
         }
     }
 }
+
+/// A rule that takes long on the sample (here three nested comprehensions over 60 items,
+/// 216,000 steps) is refused at ingest with its time and the limit; an ordinary rule
+/// takes microseconds.
+#[test]
+fn a_rule_too_slow_on_the_sample_is_rejected() {
+    let list = format!(
+        "[{}]",
+        (0..60).map(|n| n.to_string()).collect::<Vec<_>>().join(",")
+    );
+    let expression = format!("{list}.all(a, {list}.all(b, {list}.all(c, a + b + c >= 0)))");
+    assert!(expression.len() <= aether_rules::MAX_EXPRESSION_BYTES);
+    let compiled = compile_one(&expression).expect("it compiles (and is kept at a replay)");
+    match compiled.check_cost().expect_err("too slow") {
+        PolicyError::TooSlow {
+            rule_id,
+            took_ms,
+            max_ms,
+        } => {
+            assert_eq!(rule_id, "the-rule");
+            assert!(took_ms > max_ms);
+        }
+        other => panic!("expected TooSlow, got {other:?}"),
+    }
+    compile_one("request.amount_minor >= context.reporting_threshold_minor")
+        .unwrap()
+        .check_cost()
+        .unwrap();
+}
