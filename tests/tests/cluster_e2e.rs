@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use aether_e2e::{OPERATOR_TOKEN, REGULATOR_TOKEN, Server, all_events, http, run_aether};
+use aether_e2e::{OPERATOR_TOKEN, Server, all_events, http, run_aether};
 use aether_ledger::checkpoint::{PRIVATE_KEY_FILE, PUBLIC_KEY_FILE};
 use aether_ledger::testing::TestDatabase;
 use serde_json::{Value, json};
@@ -28,15 +28,7 @@ fn node(data: &Path, db: &TestDatabase, id: &str, key: Option<&Path>) -> Server 
 }
 
 async fn cluster(server: &Server) -> Value {
-    http()
-        .get(server.url("/v1/cluster"))
-        .bearer_auth(REGULATOR_TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    aether_e2e::clearing::get(server, "/v1/cluster").await
 }
 
 /// The node holding the checkpointer's live lease, and its token.
@@ -330,22 +322,7 @@ async fn a_policy_ingested_through_one_node_is_in_force_on_the_other() {
     let node_a = node(&dir.path().join("a"), &db, "node-a", None);
     let key = dir.path().join("a").join("keys").join(PRIVATE_KEY_FILE);
     let node_b = node(&dir.path().join("b"), &db, "node-b", Some(&key));
-    let policies = |server: &Server| {
-        let url = server.url("/v1/policies");
-        async move {
-            let body: Value = http()
-                .get(url)
-                .bearer_auth(REGULATOR_TOKEN)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            body
-        }
-    };
-    let before = policies(&node_b).await;
+    let before = aether_e2e::clearing::get(&node_b, "/v1/policies").await;
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let policy = std::fs::read_to_string(root.join("services/rules/policies/aml_v2.yaml")).unwrap();
     let ingested = Instant::now();
@@ -358,10 +335,10 @@ async fn a_policy_ingested_through_one_node_is_in_force_on_the_other() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 201);
-    let on_a = policies(&node_a).await;
+    let on_a = aether_e2e::clearing::get(&node_a, "/v1/policies").await;
     assert_ne!(on_a["rule_set_digest"], before["rule_set_digest"]);
     loop {
-        let on_b = policies(&node_b).await;
+        let on_b = aether_e2e::clearing::get(&node_b, "/v1/policies").await;
         if on_b["rule_set_digest"] == on_a["rule_set_digest"] {
             assert_eq!(
                 on_b["policies"], on_a["policies"],

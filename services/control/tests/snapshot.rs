@@ -317,14 +317,10 @@ fn rollout_request() -> aether_control::RolloutRequest {
     }
 }
 
-/// A rollback restores all three parts in one event: the rule set, the corpus, and the
-/// gateway's routing table (the engine's model, undoing a promotion; a rollout's step and
-/// weight); it ends a rollout started after the snapshot; a restart replays the same.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rollback_restores_rules_corpus_and_routing() {
-    use aether_control::{ActivationRequest, Command, EngineStatus, RolloutPhase, RoutingTable};
-    let s = setup().await;
-    let origin = operator();
+/// Both models registered, aml_v2 and a corpus, the engine active on v3, and a rollout of
+/// v4 stepped twice (2 %).
+async fn rollout_at_two_percent(s: &Setup, origin: &Origin) -> aether_control::RolloutState {
+    use aether_control::{ActivationRequest, Command};
     two_models(&s.state, s._dir.path()).await;
     change_rules_and_corpus(
         &s.state,
@@ -341,7 +337,7 @@ async fn rollback_restores_rules_corpus_and_routing() {
                 traffic_weight: 1.0,
                 policy_hooks: vec!["aml_v2".into()],
             },
-            &origin,
+            origin,
         )
         .await
         .unwrap();
@@ -349,16 +345,28 @@ async fn rollback_restores_rules_corpus_and_routing() {
     let (rollout, _) = s
         .state
         .rollouts
-        .start(rollout_request(), &origin)
+        .start(rollout_request(), origin)
         .await
         .unwrap();
     for _ in 0..2 {
         s.state
             .rollouts
-            .command(&rollout.id, Command::Step, None, None, &origin)
+            .command(&rollout.id, Command::Step, None, None, origin)
             .await
             .unwrap();
     }
+    rollout
+}
+
+/// A rollback restores all three parts in one event: the rule set, the corpus, and the
+/// gateway's routing table (the engine's model, undoing a promotion; a rollout's step and
+/// weight); it ends a rollout started after the snapshot; a restart replays the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollback_restores_rules_corpus_and_routing() {
+    use aether_control::{Command, EngineStatus, RolloutPhase, RoutingTable};
+    let s = setup().await;
+    let origin = operator();
+    let rollout = rollout_at_two_percent(&s, &origin).await;
     let routing = |state: &ControlState| RoutingTable::of(&state.engines, &state.rollouts);
     let at_snapshot = routing(&s.state);
     assert_eq!(at_snapshot.rollouts[&rollout.id].candidate_weight, 2);
@@ -486,43 +494,10 @@ async fn rollback_restores_rules_corpus_and_routing() {
 /// 0 %, live and after a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rollback_never_raises_the_candidates_weight() {
-    use aether_control::{ActivationRequest, Command, RoutingTable};
+    use aether_control::{Command, RoutingTable};
     let s = setup().await;
     let origin = operator();
-    two_models(&s.state, s._dir.path()).await;
-    change_rules_and_corpus(
-        &s.state,
-        "aml_v2",
-        "# Reporting\n\nReport trades above 1m.\n",
-    )
-    .await;
-    let (_, task) = s
-        .state
-        .engines
-        .request_activation(
-            ActivationRequest {
-                model_ref: "finmoe-7b-v3@sgp-region".into(),
-                traffic_weight: 1.0,
-                policy_hooks: vec!["aml_v2".into()],
-            },
-            &origin,
-        )
-        .await
-        .unwrap();
-    task.await.unwrap();
-    let (rollout, _) = s
-        .state
-        .rollouts
-        .start(rollout_request(), &origin)
-        .await
-        .unwrap();
-    for _ in 0..2 {
-        s.state
-            .rollouts
-            .command(&rollout.id, Command::Step, None, None, &origin)
-            .await
-            .unwrap();
-    }
+    let rollout = rollout_at_two_percent(&s, &origin).await;
     let snap = s
         .state
         .snapshots
