@@ -903,5 +903,21 @@ async fn the_openapi_document_matches_the_routes() {
     ] {
         assert!(paths.contains_key(audit), "{audit} missing");
     }
+    // Page sizes carry the handlers' real range, and the documented refusal is there.
+    for path in ["/v1/events", "/v1/audit/events", "/v1/audit/checkpoints"] {
+        let get = &paths[path]["get"];
+        let limit = get["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == "limit")
+            .unwrap_or_else(|| panic!("{path} has no limit parameter"));
+        assert_eq!(limit["schema"]["minimum"], 1, "{path}: {limit}");
+        assert_eq!(limit["schema"]["maximum"], 1000, "{path}: {limit}");
+        assert!(
+            get["responses"].get("400").is_some(),
+            "{path} documents no 400"
+        );
+    }
     assert!(server.terminate().success());
 }

@@ -155,7 +155,7 @@ pub(crate) async fn record_access(
            ("snapshot_id" = Option<String>, Query, description = "metadata.snapshot_id"),
            ("request_id" = Option<String>, Query, description = "metadata.request_id"),
            ("cursor" = Option<u64>, Query, description = "Events after this seq (the previous page's next_cursor)"),
-           ("limit" = Option<u64>, Query, description = "Page size, at most 1000 (default 100)")),
+           ("limit" = Option<u64>, Query, minimum = 1, maximum = 1000, description = "Page size, 1 to 1000 (default 100)")),
     responses((status = 200, description = "`{events, next_cursor}`", body = serde_json::Value)))]
 async fn events(
     State(state): State<AppState>,
@@ -465,8 +465,9 @@ async fn state_as_of(
 #[utoipa::path(get, path = "/v1/audit/checkpoints", tag = "audit",
     description = "SM2-signed tree heads, oldest first. Role: regulator.",
     params(("from_version" = Option<u64>, Query, description = "First checkpoint (default 1)"),
-           ("limit" = Option<u64>, Query, description = "Page size")),
-    responses((status = 200, description = "The checkpoints and the public key", body = serde_json::Value)))]
+           ("limit" = Option<u64>, Query, minimum = 1, maximum = 1000, description = "Page size, 1 to 1000")),
+    responses((status = 200, description = "The checkpoints and the public key", body = serde_json::Value),
+              (status = 400, description = "A malformed parameter or one out of its range")))]
 async fn checkpoints(
     State(state): State<AppState>,
     auditor: Auditor,

@@ -442,8 +442,9 @@ pub(crate) fn parse_u64(
 #[utoipa::path(get, path = "/v1/events", tag = "ledger",
     description = "A page of the ledger in seq order. Role: operator or regulator.",
     params(("from_seq" = Option<u64>, Query, description = "First seq (default 1)"),
-           ("limit" = Option<u64>, Query, description = "Page size")),
-    responses((status = 200, description = "`{events, next_from_seq}`", body = serde_json::Value)))]
+           ("limit" = Option<u64>, Query, minimum = 1, maximum = 1000, description = "Page size, 1 to 1000")),
+    responses((status = 200, description = "`{events, next_from_seq}`: each event with `payload` and `metadata` as JSON objects (re-canonicalise them to recompute the hash, HASHING.md); `next_from_seq` is absent on the last page", body = serde_json::Value),
+              (status = 400, description = "A malformed parameter or one out of its range")))]
 async fn list_events(
     State(state): State<AppState>,
     headers: HeaderMap,
