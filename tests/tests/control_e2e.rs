@@ -921,3 +921,78 @@ async fn the_openapi_document_matches_the_routes() {
     }
     assert!(server.terminate().success());
 }
+
+/// The role matrix, from the OpenAPI document itself: every operation names its roles
+/// ("Role: operator", "Role: regulator", "Role: operator or regulator"), each named role is
+/// let through, every other role is refused with 403, and no token or an unknown one with 401.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operation_admits_exactly_the_roles_it_documents() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let doc: Value = http()
+        .get(server.url("/v1/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let callers = [
+        ("operator", Some(OPERATOR_TOKEN)),
+        ("regulator", Some(REGULATOR_TOKEN)),
+        ("unknown token", Some("not-a-token-of-this-service-at-all")),
+        ("no token", None),
+    ];
+    let mut undocumented = Vec::new();
+    let mut checked = 0;
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        let concrete: String = path
+            .split('/')
+            .map(|part| if part.starts_with('{') { "1" } else { part })
+            .collect::<Vec<_>>()
+            .join("/");
+        for (method, operation) in item.as_object().unwrap() {
+            let description = operation["description"].as_str().unwrap_or_default();
+            let Some(roles) = description
+                .split("Role: ")
+                .nth(1)
+                .and_then(|rest| rest.split(['.', ';', ',']).next())
+            else {
+                undocumented.push(format!("{method} {path}"));
+                continue;
+            };
+            let allowed: Vec<&str> = roles.split(" or ").collect();
+            for (caller, token) in callers {
+                let mut request = match method.as_str() {
+                    "get" => http().get(server.url(&concrete)),
+                    _ => http()
+                        .post(server.url(&concrete))
+                        .json(&serde_json::json!({})),
+                };
+                if let Some(token) = token {
+                    request = request.bearer_auth(token);
+                }
+                let status = request.send().await.unwrap().status().as_u16();
+                let expected = match caller {
+                    "no token" | "unknown token" => Some(401),
+                    role if allowed.contains(&role) => None,
+                    _ => Some(403),
+                };
+                match expected {
+                    Some(code) => assert_eq!(status, code, "{caller} on {method} {path}"),
+                    None => assert!(
+                        status != 401 && status != 403,
+                        "{caller} on {method} {path} was refused ({status}) though it is a documented role"
+                    ),
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(
+        undocumented.is_empty(),
+        "operations that name no role: {undocumented:?}"
+    );
+    assert!(checked >= 4 * 33, "{checked} calls");
+    assert!(server.terminate().success());
+}
