@@ -314,7 +314,7 @@ async fn one_decision_for_a_request_id_raced_to_two_nodes() {
 }
 
 /// A policy ingested through one node is enforced by the other: it follows the shared
-/// ledger, so within a moment both serve the same rule set (and the same registered model).
+/// ledger, so within a moment both serve the same rule set, and the same corpus version.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_ingested_through_one_node_is_in_force_on_the_other() {
     let db = TestDatabase::create().await;
@@ -356,6 +356,27 @@ async fn a_policy_ingested_through_one_node_is_in_force_on_the_other() {
         "policy in force on the other node after {} ms",
         ingested.elapsed().as_millis()
     );
+
+    // A corpus version too: the other node serves the same current version.
+    let doc =
+        std::fs::read_to_string(root.join("services/rag/corpus/threshold-reporting.md")).unwrap();
+    let resp = http()
+        .post(node_a.url("/v1/corpus/ingest"))
+        .bearer_auth(OPERATOR_TOKEN)
+        .json(&json!({"name": "sg-clearing", "documents": [{"id": "threshold-reporting", "text": doc}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    let on_a = aether_e2e::clearing::get(&node_a, "/v1/corpora").await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while aether_e2e::clearing::get(&node_b, "/v1/corpora").await != on_a {
+        assert!(
+            Instant::now() < deadline,
+            "node-b never applied the corpus version: {on_a}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert!(node_a.terminate().success());
     assert!(node_b.terminate().success());
     db.drop_database().await;

@@ -199,6 +199,46 @@ impl CorpusRegistry {
             .unwrap_or_default()
     }
 
+    /// Applies the `CorpusIngested` events after seq `*after` that this node has not
+    /// installed (ingested through another node of the cluster) and moves `*after` on.
+    pub async fn follow_step(&self, after: &mut u64) -> Result<usize, LedgerError> {
+        let filter = EventFilter {
+            event_type: Some(CORPUS_INGESTED.into()),
+            stream_prefix: Some("corpus/".into()),
+            ..EventFilter::default()
+        };
+        let mut applied = 0;
+        loop {
+            let page = self.store.query(&filter, *after, 100).await?;
+            for event in &page {
+                *after = event.seq;
+                let known = self
+                    .projection
+                    .read()
+                    .map(|p| p.versions.values().flatten().any(|r| r.seq == event.seq))
+                    .unwrap_or(true);
+                if known {
+                    continue;
+                }
+                match self.apply(event).await {
+                    Ok(()) => {
+                        applied += 1;
+                        tracing::info!(
+                            seq = event.seq,
+                            "applied a corpus version ingested through another node"
+                        );
+                    }
+                    Err(e) => {
+                        tracing::error!(seq = event.seq, error = %e, "a corpus version on the ledger cannot be rebuilt")
+                    }
+                }
+            }
+            if page.len() < 100 {
+                return Ok(applied);
+            }
+        }
+    }
+
     async fn apply(&self, event: &RecordedEvent) -> Result<(), String> {
         #[derive(Deserialize)]
         struct Payload {
@@ -250,6 +290,14 @@ impl CorpusRegistry {
             .projection
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Installed already (a node following the ledger may meet its own ingest).
+        if let Some(done) = p
+            .versions
+            .get(&name)
+            .and_then(|v| v.iter().find(|r| r.seq == seq))
+        {
+            return Ok(done.clone());
+        }
         let previous = p.corpora.get(&name).map(|c| c.current().digest().to_hex());
         let corpus = match p.corpora.get(&name) {
             Some(c) => {

@@ -79,20 +79,22 @@ impl ControlState {
         })
     }
 
-    /// Applies, on this node, the policies and models that other nodes of the cluster
-    /// record on the shared ledger, every `every`, until `stop`: a policy ingested through
-    /// one node is enforced by the others within about `every`. (Engines, rollouts, corpora
-    /// and snapshots written through another node are applied when this node starts.)
+    /// Applies, on this node, the policies, models and corpus versions that other nodes of
+    /// the cluster record on the shared ledger, every `every`, until `stop`: a policy
+    /// ingested through one node is enforced by the others within about `every`. (Engines,
+    /// rollouts and snapshots written through another node are applied when this node
+    /// starts.)
     pub async fn follow(
         self,
         every: std::time::Duration,
         mut stop: tokio::sync::watch::Receiver<bool>,
     ) {
-        let (mut policies_after, mut models_after) = (0, 0);
+        let (mut policies_after, mut models_after, mut corpora_after) = (0, 0, 0);
         let mut failing = false;
         loop {
             let step = async {
                 self.models.follow_step(&mut models_after).await?;
+                self.corpora.follow_step(&mut corpora_after).await?;
                 self.policies.follow_step(&mut policies_after).await
             };
             match step.await {
