@@ -75,7 +75,6 @@ pub async fn activate(server: &Server) {
 /// As [`activate`], with the reference model registered at `model_uri` (a remote URI is
 /// not read at registration: the workers that fetch it check the digest).
 pub async fn activate_with_model_uri(server: &Server, model_uri: &str) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let (status, body) = post(
         server,
         "/v1/models",
@@ -84,25 +83,8 @@ pub async fn activate_with_model_uri(server: &Server, model_uri: &str) {
     )
     .await;
     assert_eq!(status, 201, "{body}");
-    let policy = std::fs::read_to_string(root.join("services/rules/policies/aml_v2.yaml")).unwrap();
-    let resp = http()
-        .post(server.url("/v1/policy/ingest"))
-        .bearer_auth(OPERATOR_TOKEN)
-        .header("content-type", "application/yaml")
-        .body(policy)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 201);
-    let doc =
-        std::fs::read_to_string(root.join("services/rag/corpus/threshold-reporting.md")).unwrap();
-    let (status, body) = post(
-        server,
-        "/v1/corpus/ingest",
-        json!({"name": "sg-clearing", "documents": [{"id": "threshold-reporting", "text": doc}]}),
-    )
-    .await;
-    assert_eq!(status, 201, "{body}");
+    ingest_aml_v2(server).await;
+    ingest_example_corpus(server).await;
     let (status, body) = post(
         server,
         "/v1/engine/activate",
@@ -119,6 +101,35 @@ pub async fn activate_with_model_uri(server: &Server, model_uri: &str) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!("the engine did not become active");
+}
+
+/// Ingests the shipped aml_v2 policy through `server`, as the operator.
+pub async fn ingest_aml_v2(server: &Server) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let policy = std::fs::read_to_string(root.join("services/rules/policies/aml_v2.yaml")).unwrap();
+    let resp = http()
+        .post(server.url("/v1/policy/ingest"))
+        .bearer_auth(OPERATOR_TOKEN)
+        .header("content-type", "application/yaml")
+        .body(policy)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+}
+
+/// Ingests the shipped threshold-reporting document as corpus `sg-clearing`.
+pub async fn ingest_example_corpus(server: &Server) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let doc =
+        std::fs::read_to_string(root.join("services/rag/corpus/threshold-reporting.md")).unwrap();
+    let (status, body) = post(
+        server,
+        "/v1/corpus/ingest",
+        json!({"name": "sg-clearing", "documents": [{"id": "threshold-reporting", "text": doc}]}),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
 }
 
 /// A member's client with the development PKI in `data`.

@@ -323,18 +323,8 @@ async fn a_policy_ingested_through_one_node_is_in_force_on_the_other() {
     let key = dir.path().join("a").join("keys").join(PRIVATE_KEY_FILE);
     let node_b = node(&dir.path().join("b"), &db, "node-b", Some(&key));
     let before = aether_e2e::clearing::get(&node_b, "/v1/policies").await;
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let policy = std::fs::read_to_string(root.join("services/rules/policies/aml_v2.yaml")).unwrap();
     let ingested = Instant::now();
-    let resp = http()
-        .post(node_a.url("/v1/policy/ingest"))
-        .bearer_auth(OPERATOR_TOKEN)
-        .header("content-type", "application/yaml")
-        .body(policy)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 201);
+    aether_e2e::clearing::ingest_aml_v2(&node_a).await;
     let on_a = aether_e2e::clearing::get(&node_a, "/v1/policies").await;
     assert_ne!(on_a["rule_set_digest"], before["rule_set_digest"]);
     loop {
@@ -358,16 +348,7 @@ async fn a_policy_ingested_through_one_node_is_in_force_on_the_other() {
     );
 
     // A corpus version too: the other node serves the same current version.
-    let doc =
-        std::fs::read_to_string(root.join("services/rag/corpus/threshold-reporting.md")).unwrap();
-    let resp = http()
-        .post(node_a.url("/v1/corpus/ingest"))
-        .bearer_auth(OPERATOR_TOKEN)
-        .json(&json!({"name": "sg-clearing", "documents": [{"id": "threshold-reporting", "text": doc}]}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 201);
+    aether_e2e::clearing::ingest_example_corpus(&node_a).await;
     let on_a = aether_e2e::clearing::get(&node_a, "/v1/corpora").await;
     let deadline = Instant::now() + Duration::from_secs(20);
     while aether_e2e::clearing::get(&node_b, "/v1/corpora").await != on_a {

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::origin::Origin;
-use crate::replay::Pages;
+use crate::replay::{After, Pages};
 
 /// Event type of a new corpus version.
 pub const CORPUS_INGESTED: &str = "CorpusIngested";
@@ -199,19 +199,20 @@ impl CorpusRegistry {
             .unwrap_or_default()
     }
 
-    /// Applies the `CorpusIngested` events after seq `*after` that this node has not
-    /// installed (ingested through another node of the cluster) and moves `*after` on.
-    pub async fn follow_step(&self, after: &mut u64) -> Result<usize, LedgerError> {
-        let filter = EventFilter {
+    /// What a follower of this registry reads: every `CorpusIngested`.
+    pub(crate) fn following(&self) -> After {
+        After::new(EventFilter {
             event_type: Some(CORPUS_INGESTED.into()),
             stream_prefix: Some("corpus/".into()),
             ..EventFilter::default()
-        };
-        let mut applied = 0;
-        loop {
-            let page = self.store.query(&filter, *after, 100).await?;
+        })
+    }
+
+    /// Applies the next new `CorpusIngested` events that this node has not installed
+    /// (ingested through another node of the cluster).
+    pub(crate) async fn follow_step(&self, after: &mut After) -> Result<(), LedgerError> {
+        while let Some(page) = after.next(&self.store).await? {
             for event in &page {
-                *after = event.seq;
                 let known = self
                     .projection
                     .read()
@@ -221,22 +222,17 @@ impl CorpusRegistry {
                     continue;
                 }
                 match self.apply(event).await {
-                    Ok(()) => {
-                        applied += 1;
-                        tracing::info!(
-                            seq = event.seq,
-                            "applied a corpus version ingested through another node"
-                        );
-                    }
+                    Ok(()) => tracing::info!(
+                        seq = event.seq,
+                        "applied a corpus version ingested through another node"
+                    ),
                     Err(e) => {
                         tracing::error!(seq = event.seq, error = %e, "a corpus version on the ledger cannot be rebuilt")
                     }
                 }
             }
-            if page.len() < 100 {
-                return Ok(applied);
-            }
         }
+        Ok(())
     }
 
     async fn apply(&self, event: &RecordedEvent) -> Result<(), String> {

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::origin::Origin;
-use crate::replay::Pages;
+use crate::replay::{After, Pages};
 
 /// Event type of a registration.
 pub const MODEL_REGISTERED: &str = "ModelRegistered";
@@ -244,26 +244,22 @@ impl ModelRegistry {
         Ok(registry)
     }
 
-    /// Applies the `ModelRegistered` events after seq `*after` (registered through another
-    /// node of the cluster; applying a known one again changes nothing) and moves `*after`.
-    pub async fn follow_step(&self, after: &mut u64) -> Result<usize, LedgerError> {
-        let filter = EventFilter {
+    /// What a follower of this registry reads: every `ModelRegistered`.
+    pub(crate) fn following(&self) -> After {
+        After::new(EventFilter {
             event_type: Some(MODEL_REGISTERED.into()),
             stream_prefix: Some("model/".into()),
             ..EventFilter::default()
-        };
-        let mut applied = 0;
-        loop {
-            let page = self.store.query(&filter, *after, 100).await?;
-            for event in &page {
-                *after = event.seq;
-                self.apply(event);
-                applied += 1;
-            }
-            if page.len() < 100 {
-                return Ok(applied);
-            }
+        })
+    }
+
+    /// Applies the next new `ModelRegistered` events (registered through another node of
+    /// the cluster; applying a known one again changes nothing).
+    pub(crate) async fn follow_step(&self, after: &mut After) -> Result<(), LedgerError> {
+        while let Some(page) = after.next(&self.store).await? {
+            page.iter().for_each(|e| self.apply(e));
         }
+        Ok(())
     }
 
     /// Where local artifacts may be read from from now on (registration and activation).

@@ -14,7 +14,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::origin::Origin;
-use crate::replay::Pages;
+use crate::replay::{After, Pages};
 
 /// Event type of an accepted policy version.
 pub const POLICY_INGESTED: &str = "PolicyIngested";
@@ -113,20 +113,21 @@ impl PolicyRegistry {
         Ok(registry)
     }
 
-    /// Applies the `PolicyIngested` events after seq `*after` that this node does not know
-    /// yet (ingested through another node of the cluster), and moves `*after` on; returns
-    /// how many it applied. A policy this node ingested itself is known and skipped.
-    pub async fn follow_step(&self, after: &mut u64) -> Result<usize, LedgerError> {
-        let filter = EventFilter {
+    /// What a follower of this registry reads: every `PolicyIngested`.
+    pub(crate) fn following(&self) -> After {
+        After::new(EventFilter {
             event_type: Some(POLICY_INGESTED.into()),
             stream_prefix: Some("policy/".into()),
             ..EventFilter::default()
-        };
-        let mut applied = 0;
-        loop {
-            let page = self.store.query(&filter, *after, 100).await?;
+        })
+    }
+
+    /// Applies the next new `PolicyIngested` events that this node does not know yet
+    /// (ingested through another node of the cluster). A policy this node ingested itself
+    /// is known and skipped.
+    pub(crate) async fn follow_step(&self, after: &mut After) -> Result<(), LedgerError> {
+        while let Some(page) = after.next(&self.store).await? {
             for event in &page {
-                *after = event.seq;
                 let payload = event.payload_value().unwrap_or_default();
                 let key = (
                     payload["name"].as_str().unwrap_or_default().to_owned(),
@@ -142,18 +143,15 @@ impl PolicyRegistry {
                 }
                 match self.apply(event).await {
                     Ok(()) => {
-                        applied += 1;
-                        tracing::info!(seq = event.seq, policy = %key.0, version = %key.1, "applied a policy ingested through another node");
+                        tracing::info!(seq = event.seq, policy = %key.0, version = %key.1, "applied a policy ingested through another node")
                     }
                     Err(e) => {
                         tracing::error!(seq = event.seq, error = %e, "a policy on the ledger does not compile")
                     }
                 }
             }
-            if page.len() < 100 {
-                return Ok(applied);
-            }
         }
+        Ok(())
     }
 
     /// The live rule engine (hot-swapped on every ingest).

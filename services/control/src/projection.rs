@@ -89,7 +89,9 @@ impl ControlState {
         every: std::time::Duration,
         mut stop: tokio::sync::watch::Receiver<bool>,
     ) {
-        let (mut policies_after, mut models_after, mut corpora_after) = (0, 0, 0);
+        let mut policies_after = self.policies.following();
+        let mut models_after = self.models.following();
+        let mut corpora_after = self.corpora.following();
         let mut failing = false;
         loop {
             let step = async {

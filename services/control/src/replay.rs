@@ -70,3 +70,29 @@ pub(crate) async fn merged(
     foreign.for_each(|e| apply(&e));
     Ok(())
 }
+
+/// The events matching a filter that came after the last one seen, a page at a time: how a
+/// node follows what other nodes record. `after` moves on with every page, so each event is
+/// handed out once.
+pub(crate) struct After {
+    filter: EventFilter,
+    after: u64,
+}
+
+impl After {
+    pub(crate) fn new(filter: EventFilter) -> After {
+        After { filter, after: 0 }
+    }
+
+    /// The next page of new events, `None` when there is none.
+    pub(crate) async fn next(
+        &mut self,
+        store: &EventStore,
+    ) -> Result<Option<Vec<RecordedEvent>>, LedgerError> {
+        let page = store.query(&self.filter, self.after, PAGE).await?;
+        Ok(page.last().map(|last| last.seq).map(|seq| {
+            self.after = seq;
+            page
+        }))
+    }
+}
