@@ -12,6 +12,9 @@
 # 2. cargo fmt --check, cargo clippy -D warnings, then all workspace tests
 #    (cargo-nextest when installed, plain cargo test otherwise).
 #
+# Also installs the S3-compatible server the object-storage tests start (s3s-fs, from
+# crates.io, once, under ~/.cache/aether/tools) unless AETHER_S3S_FS names one.
+#
 # Environment switches:
 #   AETHER_TEST_ONLY_PROVISION=1   stop right after provisioning PostgreSQL
 #   AETHER_TEST_FORCE_THROWAWAY=1  skip (a) and (b), always use a throwaway cluster
@@ -219,6 +222,23 @@ command -v cargo >/dev/null 2>&1 || die "cargo not found on PATH"
 if [[ -n "${CARGO_TARGET_DIR:-}" ]]; then
     info "CARGO_TARGET_DIR=$CARGO_TARGET_DIR"
 fi
+
+step "S3-compatible server (s3s-fs) for the Delta-on-object-storage tests"
+# Tests start their own s3s-fs processes (lineage's `testing::S3Server`): AETHER_S3S_FS,
+# else the copy cached under ~/.cache/aether/tools, installed here from crates.io when missing.
+S3S_FS_VERSION=0.14.1
+if [[ -n "${AETHER_S3S_FS:-}" ]]; then
+    [[ -x "$AETHER_S3S_FS" ]] || die "AETHER_S3S_FS=$AETHER_S3S_FS is not an executable"
+else
+    tools="${HOME}/.cache/aether/tools"
+    export AETHER_S3S_FS="$tools/bin/s3s-fs"
+    if [[ ! -x "$AETHER_S3S_FS" ]]; then
+        info "installing s3s-fs $S3S_FS_VERSION into $tools (once)"
+        cargo install s3s-fs --version "$S3S_FS_VERSION" --features binary --locked \
+            --root "$tools" --quiet || die "cannot install s3s-fs $S3S_FS_VERSION from crates.io"
+    fi
+fi
+info "AETHER_S3S_FS=$AETHER_S3S_FS"
 
 step "cargo fmt --all -- --check"
 cargo fmt --all -- --check

@@ -25,8 +25,8 @@ use serde_json::value::RawValue;
 
 use crate::compaction::Compactor;
 use crate::delta::{
-    DeltaError, META_FIRST_SEQ, META_LAST_HASH, META_LAST_SEQ, open_table, transaction_version,
-    writer_properties,
+    DeltaError, META_FIRST_SEQ, META_LAST_HASH, META_LAST_SEQ, StorageOptions, open_table,
+    transaction_version, writer_properties,
 };
 
 /// Application id of the decisions table's transactions.
@@ -215,8 +215,17 @@ fn string_only<'a>(member: Option<&'a RawValue>) -> Cow<'a, str> {
 impl DecisionsSink {
     /// Opens (or creates) the table at `location`.
     pub async fn open_or_create(location: impl AsRef<Path>) -> Result<Self, DeltaError> {
+        Self::open_or_create_with(location, &StorageOptions::new()).await
+    }
+
+    /// [`open_or_create`](Self::open_or_create) with the object store's settings.
+    pub async fn open_or_create_with(
+        location: impl AsRef<Path>,
+        options: &StorageOptions,
+    ) -> Result<Self, DeltaError> {
         let (table, location) = open_table(
             location.as_ref(),
+            options,
             DECISIONS_TABLE,
             "Aether clearing decisions, one row per ClearingDecided event",
             &COLUMNS,

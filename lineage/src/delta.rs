@@ -104,6 +104,10 @@ pub enum DeltaError {
     Arrow(#[from] ArrowError),
 }
 
+/// Settings for a table's object store, by `object_store` key (`aws_endpoint`, ...), on top
+/// of the environment's `AWS_*` variables; empty for a local table.
+pub type StorageOptions = std::collections::HashMap<String, String>;
+
 /// Appends ledger events to the `events` Delta table, idempotently by seq.
 pub struct DeltaSink {
     table: DeltaTable,
@@ -131,8 +135,18 @@ impl DeltaSink {
     /// Opens the `events` table at `location` (a local directory, created if absent, or a
     /// URL), creating the table if there is none there yet.
     pub async fn open_or_create(location: impl AsRef<Path>) -> Result<Self, DeltaError> {
+        Self::open_or_create_with(location, &StorageOptions::new()).await
+    }
+
+    /// [`open_or_create`](Self::open_or_create) with settings for the object store
+    /// (`AWS_*` keys, in addition to the environment's).
+    pub async fn open_or_create_with(
+        location: impl AsRef<Path>,
+        options: &StorageOptions,
+    ) -> Result<Self, DeltaError> {
         let (table, location) = open_table(
             location.as_ref(),
+            options,
             TABLE_NAME,
             "Aether ledger events, one row per event (seq), hash-chained",
             &COLUMNS,
@@ -401,6 +415,7 @@ pub(crate) async fn commit_info(
 /// with other columns or partitioning. Returns the table and its location as text.
 pub(crate) async fn open_table(
     path: &Path,
+    options: &StorageOptions,
     name: &str,
     comment: &str,
     columns: &[(&str, PrimitiveType)],
@@ -410,13 +425,9 @@ pub(crate) async fn open_table(
         location: location.clone(),
         reason: "not valid UTF-8".into(),
     })?;
-    let url = deltalake::ensure_table_uri(text).map_err(|e| DeltaError::InvalidLocation {
-        location: location.clone(),
-        reason: e.to_string(),
-    })?;
+    let mut table = unloaded_table(text, options)?;
     // Loaded only when the log has commits: loading an empty location is refused (and
     // the Delta kernel logs that refusal as an ERROR, alarming on every first start).
-    let mut table = DeltaTableBuilder::from_url(url)?.build()?;
     if table.log_store().is_delta_table_location().await? {
         table.load().await?;
     } else {
@@ -438,6 +449,40 @@ pub(crate) async fn open_table(
     check_schema(&table, &location, columns)?;
     crate::compaction::set_missing_properties(&mut table).await?;
     Ok((table, location))
+}
+
+/// The table at `location` (a local directory, created if absent, or a URL), not yet read.
+fn unloaded_table(location: &str, options: &StorageOptions) -> Result<DeltaTable, DeltaError> {
+    crate::object_storage::register();
+    let url = deltalake::ensure_table_uri(location).map_err(|e| DeltaError::InvalidLocation {
+        location: location.to_owned(),
+        reason: e.to_string(),
+    })?;
+    Ok(DeltaTableBuilder::from_url(url)?
+        .with_storage_options(options.clone())
+        .build()?)
+}
+
+/// The last seq in the `events` table at `location`, or `None` when there is no table there
+/// yet. Reads only: a node that does not write the table (another holds the Delta relay's
+/// lease) must not race the writer to create it.
+pub async fn events_table_last_seq(
+    location: &str,
+    options: &StorageOptions,
+) -> Result<Option<u64>, DeltaError> {
+    if !crate::object_storage::is_object_store(location)
+        && !Path::new(location).join("_delta_log").is_dir()
+    {
+        return Ok(None);
+    }
+    let mut table = unloaded_table(location, options)?;
+    if !table.log_store().is_delta_table_location().await? {
+        return Ok(None);
+    }
+    table.load().await?;
+    transaction_version(&table, location, APP_ID)
+        .await
+        .map(Some)
 }
 
 /// The version of `app_id`'s last application transaction in the table (0 when none):

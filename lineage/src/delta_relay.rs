@@ -19,7 +19,9 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::decisions::{CLEARING_DECIDED, DECISIONS_TABLE, DecisionsSink};
-use crate::delta::{DeltaSink, META_FIRST_SEQ, META_LAST_HASH, META_LAST_SEQ, TABLE_NAME};
+use crate::delta::{
+    DeltaSink, META_FIRST_SEQ, META_LAST_HASH, META_LAST_SEQ, StorageOptions, TABLE_NAME,
+};
 use crate::relay::{RelayError, retry_until_stopped};
 
 /// Where the relay's progress is stored for `aether serve`'s drain at shutdown (the Delta
@@ -37,6 +39,9 @@ pub struct DeltaRelayConfig {
     pub max_events: usize,
     /// ... or once the oldest waiting event has waited this long.
     pub max_wait: Duration,
+    /// The object store's settings beyond the environment's (empty: local tables, or
+    /// `AWS_*` variables only).
+    pub storage_options: StorageOptions,
 }
 
 impl DeltaRelayConfig {
@@ -49,6 +54,7 @@ impl DeltaRelayConfig {
             location,
             max_events: 10_000,
             max_wait: Duration::from_secs(1),
+            storage_options: StorageOptions::new(),
         }
     }
 }
@@ -84,9 +90,12 @@ async fn follow(
     config: DeltaRelayConfig,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), RelayError> {
-    let mut sink = DeltaSink::open_or_create(&config.location).await?;
+    let mut sink =
+        DeltaSink::open_or_create_with(&config.location, &config.storage_options).await?;
     let mut decisions = match &config.decisions {
-        Some(path) => Some(DecisionsSink::open_or_create(path).await?),
+        Some(path) => {
+            Some(DecisionsSink::open_or_create_with(path, &config.storage_options).await?)
+        }
         None => None,
     };
     let mut repaired = link_unrecorded_commits(&store, &sink).await?;

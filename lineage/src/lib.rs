@@ -19,6 +19,8 @@
 //!   `ClearingDecided` event into the `clearing_decisions` table in the same pass;
 //!   [`compaction`] merges each table's small files after an append, so that the file list
 //!   and the checkpoints stay small however long the service runs.
+//! - [`object_storage`]: the tables on S3-compatible object storage (`s3://bucket/prefix`),
+//!   each commit a conditional put, so a second writer's commit is refused by the store.
 //! - [`http_transport`]: POSTs the stored records to an OpenLineage backend at
 //!   `OPENLINEAGE_URL` from its own cursor, at-least-once and in seq order; a slow or absent
 //!   endpoint delays only it, and an event the endpoint rejects is recorded, never dropped.
@@ -68,9 +70,12 @@ pub mod http_transport;
 pub mod index;
 pub mod job;
 pub mod ledger_facet;
+pub mod object_storage;
 pub mod relay;
 pub mod run_event;
 pub mod schema;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use error::LineageError;
 pub use job::{JOB_NAMESPACE, job_name};

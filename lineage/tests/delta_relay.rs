@@ -20,6 +20,7 @@ fn config(dir: &Path) -> DeltaRelayConfig {
         decisions: Some(dir.join("delta").join("clearing_decisions")),
         max_events: 7,
         max_wait: Duration::from_millis(20),
+        storage_options: Default::default(),
     }
 }
 

@@ -9,11 +9,31 @@ use std::time::{Duration, Instant};
 use aether_e2e::{OPERATOR_TOKEN, Server, all_events, http, run_aether};
 use aether_ledger::checkpoint::{PRIVATE_KEY_FILE, PUBLIC_KEY_FILE};
 use aether_ledger::testing::TestDatabase;
+use aether_lineage::testing::S3Server;
 use serde_json::{Value, json};
 
 const TTL_MS: &str = "1500";
 
+/// A node with its own data directory and, beside the nodes' directories, the Delta
+/// directory every node of the cluster shares.
 fn node(data: &Path, db: &TestDatabase, id: &str, key: Option<&Path>) -> Server {
+    let shared = data.parent().unwrap().join("delta");
+    node_with(
+        data,
+        db,
+        id,
+        key,
+        &[("AETHER_DELTA_URI", shared.to_str().unwrap())],
+    )
+}
+
+fn node_with(
+    data: &Path,
+    db: &TestDatabase,
+    id: &str,
+    key: Option<&Path>,
+    more: &[(&str, &str)],
+) -> Server {
     let mut env = vec![
         ("DATABASE_URL", db.url.as_str()),
         ("AETHER_NODE_ID", id),
@@ -24,6 +44,7 @@ fn node(data: &Path, db: &TestDatabase, id: &str, key: Option<&Path>) -> Server 
     if let Some(k) = &key {
         env.push(("AETHER_CHECKPOINT_KEY", k.as_str()));
     }
+    env.extend_from_slice(more);
     Server::start(data, &env)
 }
 
@@ -33,8 +54,13 @@ async fn cluster(server: &Server) -> Value {
 
 /// The node holding the checkpointer's live lease, and its token.
 fn checkpointer(cluster: &Value) -> Option<(String, u64)> {
+    holder_of(cluster, "checkpointer")
+}
+
+/// The node holding the live lease `name`, and its token.
+fn holder_of(cluster: &Value, name: &str) -> Option<(String, u64)> {
     cluster["leases"].as_array()?.iter().find_map(|l| {
-        (l["name"] == "checkpointer" && l["live"] == true).then(|| {
+        (l["name"] == name && l["live"] == true).then(|| {
             (
                 l["holder"].as_str().unwrap().to_owned(),
                 l["token"].as_u64().unwrap(),
@@ -167,7 +193,13 @@ async fn nodes_share_one_signer_and_the_checkpointer_fails_over() {
                 .iter()
                 .find(|n| n["node_id"] == "node-a")
                 .unwrap();
-            assert_eq!(a["duties"], json!(["checkpointer"]), "{view}");
+            assert!(
+                a["duties"]
+                    .as_array()
+                    .unwrap()
+                    .contains(&json!("checkpointer")),
+                "{view}"
+            );
             assert!(
                 a["http_address"]
                     .as_str()
@@ -360,5 +392,134 @@ async fn a_policy_ingested_through_one_node_is_in_force_on_the_other() {
     }
     assert!(node_a.terminate().success());
     assert!(node_b.terminate().success());
+    db.drop_database().await;
+}
+
+/// Polls `server`'s view until the live lease `name` is held by one of `holders`.
+async fn wait_for_lease(server: &Server, name: &str, holders: &[&str]) -> String {
+    let started = Instant::now();
+    loop {
+        if let Some((holder, _)) = holder_of(&cluster(server).await, name)
+            && holders.contains(&holder.as_str())
+        {
+            return holder;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "none of {holders:?} took {name}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until the `events` table on the store holds every seq up to `seq`.
+async fn wait_for_table(s3: &S3Server, events: &str, seq: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let at = aether_lineage::delta::events_table_last_seq(events, &s3.options())
+            .await
+            .expect("read the table")
+            .unwrap_or(0);
+        if at >= seq {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the Delta table stayed at seq {at}, not {seq}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_delta_tables_on_the_object_store_are_written_by_one_node_at_a_time() {
+    let s3 = S3Server::start();
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let uri = s3.uri("cluster");
+    let events = format!("{uri}/events");
+    let aws = s3.env();
+    let mut env: Vec<(&str, &str)> = aws.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    env.push(("AETHER_DELTA_URI", uri.as_str()));
+    let data = |name: &str| dir.path().join(name);
+    let node_a = node_with(&data("a"), &db, "node-a", None, &env);
+    let key = data("a").join("keys").join(PRIVATE_KEY_FILE);
+
+    // A node whose tables would be elsewhere (its own data directory) is refused, naming both.
+    let out = run_aether(
+        &[
+            "serve",
+            "--data-dir",
+            data("elsewhere").to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--node-id",
+            "elsewhere",
+            "--checkpoint-key",
+            key.to_str().unwrap(),
+        ],
+        &[("DATABASE_URL", db.url.as_str())],
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("but the cluster's are at {uri}")),
+        "{stderr}"
+    );
+
+    let node_b = node_with(&data("b"), &db, "node-b", Some(&key), &env);
+    let mut nodes = vec![("node-a", node_a), ("node-b", node_b)];
+    for n in 0..20 {
+        append(&nodes[(n % 2) as usize].1, n).await;
+    }
+    let first = wait_for_lease(&nodes[1].1, "lineage-delta", &["node-a", "node-b"]).await;
+    wait_for_table(&s3, &events, head(&nodes[1].1).await).await;
+
+    // The writer is paused past its lease: the other node takes the relay over; when the
+    // paused one wakes, whatever it still tries to commit is refused by the store.
+    let paused = nodes.iter().position(|(id, _)| *id == first).unwrap();
+    let other = 1 - paused;
+    signal(&nodes[paused].1, "STOP");
+    wait_for_lease(&nodes[other].1, "lineage-delta", &[nodes[other].0]).await;
+    for n in 20..30 {
+        append(&nodes[other].1, n).await;
+    }
+    wait_for_table(&s3, &events, head(&nodes[other].1).await).await;
+    signal(&nodes[paused].1, "CONT");
+    for n in 30..40 {
+        append(&nodes[(n % 2) as usize].1, n).await;
+    }
+    wait_for_table(&s3, &events, head(&nodes[other].1).await).await;
+
+    // The writer now is SIGKILLed: the survivor takes the relays over.
+    let holder = wait_for_lease(&nodes[0].1, "lineage-delta", &["node-a", "node-b"]).await;
+    let killed = nodes.iter().position(|(id, _)| *id == holder).unwrap();
+    let (_, victim) = nodes.remove(killed);
+    victim.kill();
+    let (survivor_id, survivor) = nodes.remove(0);
+    wait_for_lease(&survivor, "lineage-delta", &[survivor_id]).await;
+    wait_for_lease(&survivor, "lineage-openlineage", &[survivor_id]).await;
+    for n in 40..50 {
+        append(&survivor, n).await;
+    }
+    assert!(survivor.terminate().success());
+
+    // Every event of the ledger is in the table exactly once, and has its OpenLineage record.
+    let store = aether_ledger::EventStore::connect(&db.url, Default::default())
+        .await
+        .unwrap();
+    let ledger_head = store.head().await.unwrap().unwrap().0;
+    let seqs = s3.table_seqs(&events).await;
+    assert_eq!(
+        seqs,
+        (1..=ledger_head as i64).collect::<Vec<_>>(),
+        "the table is not the ledger"
+    );
+    let report = aether_lineage::relay::reconcile(&store).await.unwrap();
+    assert!(report.missing_openlineage.is_empty(), "{report:?}");
+    assert!(report.missing_delta.is_empty(), "{report:?}");
+    store.shutdown().await;
     db.drop_database().await;
 }

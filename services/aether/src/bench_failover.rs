@@ -73,6 +73,11 @@ fn spread(mut times: Vec<u128>) -> String {
 }
 
 async fn start(url: &str, data: &Path, id: &str, ttl: &str) -> anyhow::Result<ServeChild> {
+    // The Delta tables every node shares, beside the nodes' data directories.
+    let delta = data.with_file_name("delta");
+    let delta = delta
+        .to_str()
+        .ok_or_else(|| anyhow::anyhow!("{} is not UTF-8", delta.display()))?;
     ServeChild::start_with_env(
         data,
         &data.with_extension("log"),
@@ -84,6 +89,7 @@ async fn start(url: &str, data: &Path, id: &str, ttl: &str) -> anyhow::Result<Se
             ("AETHER_NODE_ID", id),
             ("AETHER_LEASE_TTL_MS", ttl),
             ("AETHER_CHECKPOINT_EVERY_SECS", "1"),
+            ("AETHER_DELTA_URI", delta),
         ],
     )
     .await

@@ -4,12 +4,13 @@
 //! A cluster is the set of `aether serve` processes on one PostgreSQL ledger. SQLite is the
 //! single-node embedded default: one process holds its data directory (`serve.lock`).
 
+use std::path::Path;
 use std::time::Duration;
 
 use aether_ledger::EventStore;
 use aether_ledger::cluster::{HeldLease, LeaseConfig, keep_lease};
 use aether_ledger::hashing::sm3;
-use anyhow::bail;
+use anyhow::{Context, bail};
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
@@ -25,6 +26,15 @@ use crate::http::{AppState, Problem, authorize};
 
 /// The setting under which the cluster's checkpoint public key is recorded.
 const CHECKPOINT_KEY_SETTING: &str = "checkpoint_public_key";
+
+/// The setting under which the cluster's Delta tables' location is recorded.
+const DELTA_LOCATION_SETTING: &str = "delta_location";
+
+/// The leases of the lineage relays: one writer of the OpenLineage records, of the Delta
+/// tables and of the OpenLineage HTTP backend for the whole cluster.
+pub const OPENLINEAGE_LEASE: &str = "lineage-openlineage";
+pub const DELTA_LEASE: &str = "lineage-delta";
+pub const OPENLINEAGE_HTTP_LEASE: &str = "lineage-http";
 
 /// How often a node beats.
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
@@ -106,6 +116,116 @@ pub async fn claim_checkpoint_key(store: &EventStore, public_key_hex: &str) -> a
         );
     }
     Ok(())
+}
+
+/// Where the cluster's Delta tables are: `--delta-uri` (an `s3://` or `s3a://` location, or
+/// a directory, made absolute), default `<data>/delta`. Refuses any other URL scheme.
+pub fn delta_location(delta_uri: Option<&str>, data_dir: &Path) -> anyhow::Result<String> {
+    let location = match delta_uri {
+        Some(uri) if aether_lineage::object_storage::is_object_store(uri) => {
+            let trimmed = uri.trim_end_matches('/');
+            if trimmed
+                .split_once("://")
+                .is_none_or(|(_, rest)| rest.is_empty())
+            {
+                bail!("--delta-uri {uri:?} names no bucket");
+            }
+            return Ok(trimmed.to_owned());
+        }
+        Some(uri) if uri.contains("://") => bail!(
+            "--delta-uri {uri:?}: only s3:// (or s3a://) locations and local directories are supported"
+        ),
+        Some(dir) => std::path::PathBuf::from(dir),
+        None => data_dir.join("delta"),
+    };
+    std::fs::create_dir_all(&location)
+        .with_context(|| format!("cannot create the Delta directory {}", location.display()))?;
+    let absolute = std::fs::canonicalize(&location)
+        .with_context(|| format!("cannot resolve {}", location.display()))?;
+    absolute
+        .to_str()
+        .map(str::to_owned)
+        .ok_or_else(|| anyhow::anyhow!("the Delta directory {} is not UTF-8", absolute.display()))
+}
+
+/// One set of Delta tables for the cluster: the first node records where they are; a node
+/// that would write elsewhere refuses to start (two nodes' tables would each hold part of
+/// the ledger).
+pub async fn claim_delta_location(store: &EventStore, location: &str) -> anyhow::Result<()> {
+    let recorded = store
+        .claim_setting(DELTA_LOCATION_SETTING, location)
+        .await?;
+    if recorded != location {
+        bail!(
+            "this node's Delta tables would be at {location}, but the cluster's are at \
+             {recorded}: every node of a cluster writes the same tables; start it with \
+             --delta-uri {recorded} (AETHER_DELTA_URI), an object store or a directory every \
+             node reaches"
+        );
+    }
+    Ok(())
+}
+
+/// Runs a singleton duty only while this node holds its lease: started when the lease is
+/// taken, told to stop (through the duty's own stop signal) when the lease is lost or at
+/// `stop`, and started again when the lease comes back. What a duty writes after its lease
+/// is gone is refused by the database or the table, not by this wrapper (see DEPLOYMENT.md).
+pub async fn while_held<F, Fut, E>(
+    duty: &'static str,
+    mut lease: HeldLease,
+    mut stop: watch::Receiver<bool>,
+    mut run: F,
+) -> Result<(), E>
+where
+    F: FnMut(watch::Receiver<bool>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    loop {
+        while lease.token().is_none() {
+            if *stop.borrow() {
+                return Ok(());
+            }
+            tokio::select! {
+                _ = lease.changed() => {}
+                changed = stop.changed() => if changed.is_err() { return Ok(()) },
+            }
+        }
+        if *stop.borrow() {
+            return Ok(());
+        }
+        let token = lease.token();
+        tracing::info!(duty, ?token, "this node runs the duty");
+        let (duty_stop, duty_stop_rx) = watch::channel(false);
+        let running = run(duty_stop_rx);
+        tokio::pin!(running);
+        let mut stopping = false;
+        let result = loop {
+            tokio::select! {
+                result = &mut running => break result,
+                _ = lease.changed(), if !stopping => {
+                    if lease.token() != token {
+                        tracing::warn!(duty, "lease lost: stopping the duty here");
+                        stopping = true;
+                        let _ = duty_stop.send(true);
+                    }
+                }
+                changed = stop.changed(), if !stopping => {
+                    if changed.is_err() || *stop.borrow() {
+                        stopping = true;
+                        let _ = duty_stop.send(true);
+                    }
+                }
+            }
+        };
+        if *stop.borrow() {
+            return result;
+        }
+        if let Err(e) = result {
+            tracing::error!(duty, error = %e, "duty failed; it starts again while the lease is held");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
 }
 
 /// Beats for this node every second until `stop`.

@@ -44,6 +44,13 @@ pub struct ServeArgs {
     /// per event without bound.
     #[arg(long, env = "AETHER_OPENLINEAGE_FILE")]
     pub openlineage_file: Option<std::path::PathBuf>,
+    /// Where the lineage Delta tables (`events`, `clearing_decisions`) are: a directory, or
+    /// `s3://bucket/prefix` on an S3-compatible store, set up by the usual `AWS_*`
+    /// variables (`AWS_ENDPOINT`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`,
+    /// `AWS_SECRET_ACCESS_KEY`, `AWS_ALLOW_HTTP`). Every node of a cluster names the same
+    /// location. Default: `<data>/delta`.
+    #[arg(long, env = "AETHER_DELTA_URI")]
+    pub delta_uri: Option<String>,
     /// How much lower in CPU priority the lineage relays and the Merkle log follower run
     /// than the answers (added to their threads' nice value, as `nice -n`; 0 = the same).
     /// On a busy machine they yield the cores to the decisions being answered and catch
@@ -118,6 +125,7 @@ fn make_private(dir: &std::path::Path) -> anyhow::Result<()> {
 async fn refuse_a_ledger_behind_its_witnesses(
     store: &EventStore,
     data_dir: &std::path::Path,
+    delta_events: &str,
 ) -> anyhow::Result<()> {
     let merkle_file = data_dir.join("merkle").join("event-hashes");
     let mut witnesses = vec![(
@@ -125,15 +133,12 @@ async fn refuse_a_ledger_behind_its_witnesses(
         MerkleLog::recorded_events(&merkle_file)
             .with_context(|| format!("cannot open the Merkle log at {}", merkle_file.display()))?,
     )];
-    let delta = data_dir.join("delta").join("events");
-    if delta.join("_delta_log").is_dir() {
-        let sink = aether_lineage::delta::DeltaSink::open_or_create(&delta)
-            .await
-            .with_context(|| format!("cannot open the Delta table {}", delta.display()))?;
-        witnesses.push((
-            format!("the Delta table {}", delta.display()),
-            sink.last_seq(),
-        ));
+    let options = aether_lineage::delta::StorageOptions::new();
+    if let Some(last_seq) = aether_lineage::delta::events_table_last_seq(delta_events, &options)
+        .await
+        .with_context(|| format!("cannot open the Delta table {delta_events}"))?
+    {
+        witnesses.push((format!("the Delta table {delta_events}"), last_seq));
     }
     store
         .ensure_not_behind(witnesses)
@@ -173,7 +178,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let store = EventStore::connect(&args.ledger.url(), config)
         .await
         .with_context(|| format!("cannot open the ledger at {}", args.ledger.describe()))?;
-    refuse_a_ledger_behind_its_witnesses(&store, &args.ledger.data_dir).await?;
+    let delta_root =
+        crate::cluster::delta_location(args.delta_uri.as_deref(), &args.ledger.data_dir)?;
+    let delta_events = format!("{delta_root}/events");
+    refuse_a_ledger_behind_its_witnesses(&store, &args.ledger.data_dir, &delta_events).await?;
 
     let signer = match &args.checkpoint_key {
         Some(path) => CheckpointSigner::from_pem_file(path)?,
@@ -190,6 +198,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let node_id = args.cluster.node_id(&args.ledger.data_dir);
     crate::cluster::check_node_id(&node_id)?;
     crate::cluster::claim_checkpoint_key(&store, &public_key).await?;
+    crate::cluster::claim_delta_location(&store, &delta_root).await?;
     let (tokens, source) = Tokens::load(&args.ledger.data_dir)?;
     match &source {
         TokenSource::Environment => tracing::info!("API tokens from AETHER_TOKENS"),
@@ -351,35 +360,70 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             .clone()
             .follow(background_store.clone(), stop_rx.clone()),
     );
-    // The relay stops last, after it has caught up with the final checkpoint.
+    // The relays stop last, after they have caught up with the final checkpoint. Each runs
+    // on one node of the cluster at a time, under its lease; their leases are given up only
+    // once they have stopped.
     let (relay_stop_tx, relay_stop_rx) = tokio::sync::watch::channel(false);
-    let relay = background
-        .handle()
-        .spawn(aether_lineage::relay::run_openlineage_relay(
-            background_store.clone(),
-            aether_lineage::MappingContext::new(&schema_base),
-            args.openlineage_file.clone(),
+    let (relay_lease_stop_tx, relay_lease_stop_rx) = tokio::sync::watch::channel(false);
+    let mut relay_leases = Vec::new();
+    let mut relay_lease = |name: &str| {
+        let (held, task) = crate::cluster::lease(
+            &store,
+            &args.cluster,
+            name,
+            &node_id,
+            relay_lease_stop_rx.clone(),
+        );
+        relay_leases.push((held.clone(), task));
+        held
+    };
+    let openlineage_lease = relay_lease(crate::cluster::OPENLINEAGE_LEASE);
+    let delta_lease = relay_lease(crate::cluster::DELTA_LEASE);
+    let http_lease = http_lineage
+        .as_ref()
+        .map(|_| relay_lease(crate::cluster::OPENLINEAGE_HTTP_LEASE));
+    let relay = {
+        let store = background_store.clone();
+        let context = aether_lineage::MappingContext::new(&schema_base);
+        let file = args.openlineage_file.clone();
+        background.handle().spawn(crate::cluster::while_held(
+            "openlineage relay",
+            openlineage_lease,
             relay_stop_rx.clone(),
-        ));
-    let http_relay = http_lineage.map(|config| {
-        background
-            .handle()
-            .spawn(aether_lineage::http_transport::run_http_relay(
-                background_store.clone(),
-                config,
-                relay_stop_rx.clone(),
-            ))
+            move |stop| {
+                aether_lineage::relay::run_openlineage_relay(
+                    store.clone(),
+                    context.clone(),
+                    file.clone(),
+                    stop,
+                )
+            },
+        ))
+    };
+    let http_relay = http_lineage.zip(http_lease).map(|(config, lease)| {
+        let store = background_store.clone();
+        background.handle().spawn(crate::cluster::while_held(
+            "openlineage http relay",
+            lease,
+            relay_stop_rx.clone(),
+            move |stop| {
+                aether_lineage::http_transport::run_http_relay(store.clone(), config.clone(), stop)
+            },
+        ))
     });
-    // Delta Lake: every event as a row of <data>/delta/events, many events per commit.
-    let delta_relay = background
-        .handle()
-        .spawn(aether_lineage::delta_relay::run_delta_relay(
-            background_store.clone(),
-            aether_lineage::delta_relay::DeltaRelayConfig::new(
-                args.ledger.data_dir.join("delta").join("events"),
-            ),
+    // Delta Lake: every event as a row of the `events` table, many events per commit.
+    let delta_relay = {
+        let store = background_store.clone();
+        let config = aether_lineage::delta_relay::DeltaRelayConfig::new(&delta_events);
+        background.handle().spawn(crate::cluster::while_held(
+            "delta relay",
+            delta_lease,
             relay_stop_rx,
-        ));
+            move |stop| {
+                aether_lineage::delta_relay::run_delta_relay(store.clone(), config.clone(), stop)
+            },
+        ))
+    };
     let state = AppState {
         store: store.clone(),
         tokens: Arc::new(tokens),
@@ -423,7 +467,24 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let _ = checkpointer_lease_task.await;
     let _ = heartbeat.await;
     follower.abort();
-    drain_relay(&store, http_relay.is_some()).await;
+    // Only the relays this node runs are waited for (another node's resume from the
+    // cursors it shares).
+    let held = |name: &str| {
+        relay_leases
+            .iter()
+            .any(|(lease, _)| lease.name() == name && lease.token().is_some())
+    };
+    let mut draining = Vec::new();
+    if held(crate::cluster::OPENLINEAGE_LEASE) {
+        draining.push(aether_lineage::relay::OPENLINEAGE_CURSOR);
+    }
+    if held(crate::cluster::DELTA_LEASE) {
+        draining.push(aether_lineage::delta_relay::DELTA_CURSOR);
+    }
+    if held(crate::cluster::OPENLINEAGE_HTTP_LEASE) {
+        draining.push(aether_lineage::http_transport::HTTP_CURSOR);
+    }
+    drain_relay(&store, &draining).await;
     let _ = relay_stop_tx.send(true);
     let mut relays = vec![("openlineage", relay), ("delta", delta_relay)];
     relays.extend(http_relay.map(|task| ("openlineage-http", task)));
@@ -433,6 +494,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             Err(e) => tracing::error!(sink, error = %e, "lineage relay task failed"),
             Ok(Ok(())) => {}
         }
+    }
+    let _ = relay_lease_stop_tx.send(true);
+    for (_, task) in relay_leases {
+        let _ = task.await;
     }
     store.shutdown().await;
     upkeep.abort();
@@ -469,21 +534,17 @@ pub(crate) fn shutdown_signal() -> impl std::future::Future<Output = ()> {
 }
 
 /// Gives the lineage relays up to 10 s to reach the ledger's head before they are stopped
-/// (they resume from their cursors on the next start either way). The HTTP transport is
-/// waited for only when `OPENLINEAGE_URL` is set.
-async fn drain_relay(store: &EventStore, http: bool) {
+/// (they resume from their cursors on the next start either way): those at `cursors`, the
+/// ones this node runs.
+async fn drain_relay(store: &EventStore, cursors: &[&str]) {
+    if cursors.is_empty() {
+        return;
+    }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while tokio::time::Instant::now() < deadline {
         let head = store.head().await.ok().flatten().map_or(0, |(s, _)| s);
         let mut done = u64::MAX;
-        let mut cursors = vec![
-            aether_lineage::relay::OPENLINEAGE_CURSOR,
-            aether_lineage::delta_relay::DELTA_CURSOR,
-        ];
-        if http {
-            cursors.push(aether_lineage::http_transport::HTTP_CURSOR);
-        }
-        for cursor in cursors {
+        for &cursor in cursors {
             let at = store
                 .load_position(cursor)
                 .await
