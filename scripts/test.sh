@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Aether: the one test command.
 #
-#   scripts/test.sh [extra args for the test runner]
+#   scripts/test.sh [--long] [extra args for the test runner]
 #
 # 1. Resolves a PostgreSQL server and exports DATABASE_URL (an admin-capable
 #    URL; tests create and drop their own databases on that server):
@@ -20,6 +20,13 @@
 #   AETHER_TEST_FORCE_THROWAWAY=1  skip (a) and (b), always use a throwaway cluster
 #   CARGO_TARGET_DIR               respected as is
 set -euo pipefail
+
+# --long: after the suite, the two-minute chaos run (`aether cluster chaos`).
+LONG=0
+if [[ "${1:-}" == "--long" ]]; then
+    LONG=1
+    shift
+fi
 
 step() { printf '\n==> %s\n' "$*"; }
 info() { printf '    %s\n' "$*"; }
@@ -265,6 +272,12 @@ else
     awk '/^test result:/ { p += $4; f += $6 } END { printf "%d passed, %d failed\n", p, f }' "$log"
     rm -f "$log"
     [ "$status" -eq 0 ] || exit "$status"
+fi
+
+if [[ "$LONG" == 1 ]]; then
+    step "the long chaos run: 3 nodes, 120 s, a SIGKILL every 10 s"
+    "${CARGO_TARGET_DIR:-target}/debug/aether" cluster chaos --nodes 3 --duration-secs 120 \
+        --kill-every-secs 10 --s3s-fs "$AETHER_S3S_FS"
 fi
 
 step "all checks passed"

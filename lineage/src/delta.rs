@@ -485,6 +485,60 @@ pub async fn events_table_last_seq(
         .map(Some)
 }
 
+/// Every `seq` in the active files of the `events` table at `location`, sorted, duplicates
+/// kept: what a reader of the table sees, for checking it against the ledger (exactly once,
+/// no gaps). Reads each data file's `seq` column through the table's own object store.
+pub async fn events_table_seqs(
+    location: &str,
+    options: &StorageOptions,
+) -> Result<Vec<u64>, DeltaError> {
+    use deltalake::arrow::array::{Array, Int64Array};
+    use deltalake::parquet::arrow::ProjectionMask;
+    use deltalake::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use object_store::ObjectStoreExt;
+
+    let mut table = unloaded_table(location, options)?;
+    table.load().await?;
+    let store = table.object_store();
+    let paths: Vec<_> = table
+        .snapshot()?
+        .log_data()
+        .into_iter()
+        .map(|file| file.object_store_path())
+        .collect();
+    let unreadable = |reason: String| DeltaError::NotAnEventsTable {
+        location: location.to_owned(),
+        reason,
+    };
+    let mut seqs = Vec::new();
+    for path in paths {
+        let bytes = store
+            .get(&path)
+            .await
+            .map_err(|e| unreadable(format!("{path}: {e}")))?
+            .bytes()
+            .await
+            .map_err(|e| unreadable(format!("{path}: {e}")))?;
+        let builder = ParquetRecordBatchReaderBuilder::try_new(bytes)
+            .map_err(|e| unreadable(format!("{path}: {e}")))?;
+        let mask = ProjectionMask::columns(builder.parquet_schema(), ["seq"]);
+        let reader = builder
+            .with_projection(mask)
+            .build()
+            .map_err(|e| unreadable(format!("{path}: {e}")))?;
+        for batch in reader {
+            let batch = batch?;
+            let column = batch
+                .column_by_name("seq")
+                .and_then(|c| c.as_any().downcast_ref::<Int64Array>().cloned())
+                .ok_or_else(|| unreadable(format!("{path}: no Int64 seq column")))?;
+            seqs.extend((0..column.len()).filter_map(|i| u64::try_from(column.value(i)).ok()));
+        }
+    }
+    seqs.sort_unstable();
+    Ok(seqs)
+}
+
 /// The version of `app_id`'s last application transaction in the table (0 when none):
 /// the last seq the writer committed.
 pub(crate) async fn transaction_version(

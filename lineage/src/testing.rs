@@ -10,10 +10,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use deltalake::arrow::array::{Array, Int64Array};
-use deltalake::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-
-use crate::delta::{DeltaSink, StorageOptions};
+use crate::delta::StorageOptions;
 
 /// The credentials the server is started with.
 pub const ACCESS_KEY: &str = "aether-test";
@@ -114,31 +111,14 @@ impl S3Server {
     }
 
     /// Every `seq` in the active files of the `events` table at `location` (on this
-    /// server), sorted, read from the objects the server stores.
+    /// server), sorted, duplicates kept.
     pub async fn table_seqs(&self, location: &str) -> Vec<i64> {
-        let sink = DeltaSink::open_or_create_with(location, &self.options())
+        crate::delta::events_table_seqs(location, &self.options())
             .await
-            .expect("open the table");
-        let prefix = format!("s3://{}/", self.bucket);
-        let mut seqs = Vec::new();
-        for uri in sink.table().get_file_uris().expect("file list") {
-            let key = uri
-                .strip_prefix(&prefix)
-                .unwrap_or_else(|| panic!("{uri} is not in the bucket"));
-            let file = std::fs::File::open(self.bucket_dir().join(key)).expect("object file");
-            let reader = ParquetRecordBatchReaderBuilder::try_new(file)
-                .expect("parquet")
-                .build()
-                .expect("reader");
-            for batch in reader {
-                let batch = batch.expect("batch");
-                let column = batch.column_by_name("seq").expect("seq column").clone();
-                let column = column.as_any().downcast_ref::<Int64Array>().expect("int64");
-                seqs.extend((0..column.len()).map(|i| column.value(i)));
-            }
-        }
-        seqs.sort_unstable();
-        seqs
+            .expect("read the table's seqs")
+            .into_iter()
+            .map(|seq| i64::try_from(seq).expect("a seq"))
+            .collect()
     }
 
     /// Where the server keeps the bucket's objects (one file per object).

@@ -593,6 +593,25 @@ impl ServeChild {
         let _ = self.child.start_kill();
         let _ = self.child.wait().await;
     }
+
+    /// SIGTERM (an orderly stop: the last checkpoint, the relays drained), then SIGKILL if
+    /// it has not exited within `limit`.
+    pub(crate) async fn terminate(&mut self, limit: Duration) {
+        if let Ok(pid) = i32::try_from(self.pid)
+            && pid > 0
+        {
+            // SAFETY: kill(2) with a pid this process spawned and has not yet reaped.
+            unsafe {
+                libc::kill(pid, libc::SIGTERM);
+            }
+        }
+        if tokio::time::timeout(limit, self.child.wait())
+            .await
+            .is_err()
+        {
+            self.stop().await;
+        }
+    }
 }
 
 /// Installs the reference model under `<data>/model` (the service's model directory),

@@ -217,7 +217,8 @@ async fn rounds(
     Ok((times, policies))
 }
 
-fn copy_dir(from: &Path, to: &Path) -> anyhow::Result<()> {
+/// Copies a directory tree (a node's keys and certificates to another node).
+pub(crate) fn copy_dir(from: &Path, to: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(to)?;
     for entry in std::fs::read_dir(from)? {
         let entry = entry?;
