@@ -580,3 +580,52 @@ fn a_short_chaos_run_loses_and_doubles_nothing() {
         .unwrap();
     assert!(events > 100, "{load}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_activated_through_one_node_clears_on_the_other() {
+    use aether_e2e::clearing::{activate, client, get, trade};
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (a_dir, b_dir) = (dir.path().join("a"), dir.path().join("b"));
+    let node_a = node(&a_dir, &db, "node-a", None);
+    copy_dir(&a_dir.join("certs"), &b_dir.join("certs"));
+    copy_dir(&a_dir.join("keys"), &b_dir.join("keys"));
+    // node-b is running before the engine exists: it learns of it from the ledger.
+    let node_b = node(&b_dir, &db, "node-b", None);
+    assert_eq!(get(&node_b, "/v1/engines").await["engines"], json!([]));
+    activate(&node_a).await;
+    let started = Instant::now();
+    loop {
+        let engines = get(&node_b, "/v1/engines").await;
+        if engines["engines"][0]["status"] == "active" {
+            assert_eq!(
+                engines["engines"],
+                get(&node_a, "/v1/engines").await["engines"],
+                "the two nodes disagree on the engines"
+            );
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "node-b never saw the engine: {engines}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!(
+        "engine in force on the other node after {} ms",
+        started.elapsed().as_millis()
+    );
+    let mut at_b = client(&node_b, &b_dir, "bank-a").await;
+    let answer = at_b
+        .submit("engine-followed-1", &trade(250_000))
+        .await
+        .unwrap();
+    assert!(!answer.model_ref.is_empty(), "{answer:?}");
+    assert!(answer.receipt.is_some());
+    // Both nodes still agree after node-b decided through the engine it followed.
+    assert_eq!(
+        get(&node_a, "/v1/state").await["digest"],
+        get(&node_b, "/v1/state").await["digest"]
+    );
+    db.drop_database().await;
+}

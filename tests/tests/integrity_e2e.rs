@@ -635,7 +635,7 @@ async fn idle_and_slow_http_connections_are_closed_and_capped() {
 }
 
 /// The Merkle file is derived data: deleted, it is rebuilt from the ledger at the next
-/// start, and the log says so as a warning, as the README promises.
+/// start, and the log says so as a warning, as docs/operations.md promises.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_merkle_file_is_rebuilt_with_a_warning() {
     let dir = tempfile::tempdir().unwrap();

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use crate::models::{ModelError, ModelRegistry, check_artifact, region_of};
 use crate::origin::Origin;
 use crate::policies::PolicyRegistry;
-use crate::replay::merged;
+use crate::replay::{After, merged};
 use crate::rollouts::PROMOTED;
 use crate::routing::{EngineRoute, RoutingTable};
 use crate::snapshot::ROLLED_BACK;
@@ -93,6 +93,16 @@ pub struct EngineRegistry {
     models: ModelRegistry,
     policies: PolicyRegistry,
     engines: Arc<RwLock<BTreeMap<String, EngineState>>>,
+    /// The seqs applied here that a follower has not passed yet, and the highest applied:
+    /// how [`Self::follow_step`] tells this node's own events from other nodes' and sees an
+    /// event that arrives out of order.
+    applied: Arc<std::sync::Mutex<Applied>>,
+}
+
+#[derive(Default, Clone)]
+struct Applied {
+    seqs: std::collections::BTreeSet<u64>,
+    max: u64,
 }
 
 impl EngineRegistry {
@@ -118,24 +128,9 @@ impl EngineRegistry {
             models,
             policies,
             engines: Arc::default(),
+            applied: Arc::default(),
         };
-        let own = EventFilter {
-            stream_prefix: Some("engine/".into()),
-            max_seq: upto_seq,
-            ..EventFilter::default()
-        };
-        // A promotion moves a region to the candidate and a rollback restores the routing
-        // of a snapshot: both change engines from other streams.
-        let foreign = [
-            (PROMOTED, "rollout/"),
-            (ROLLED_BACK, crate::SNAPSHOT_STREAM),
-        ]
-        .map(|(kind, prefix)| EventFilter {
-            event_type: Some(kind.into()),
-            stream_prefix: Some(prefix.into()),
-            max_seq: upto_seq,
-            ..EventFilter::default()
-        });
+        let [own, foreign @ ..] = Self::filters(upto_seq);
         merged(&registry.store, &own, &foreign, |e| registry.apply(e)).await?;
         Ok(registry)
     }
@@ -151,7 +146,98 @@ impl EngineRegistry {
         self.engines.read().ok()?.get(region).cloned()
     }
 
+    /// What changes engines: their own streams, and (from other streams) a promotion, which
+    /// moves a region to the candidate, and a rollback, which restores a snapshot's routing.
+    fn filters(upto_seq: Option<u64>) -> [EventFilter; 3] {
+        let own = EventFilter {
+            stream_prefix: Some("engine/".into()),
+            max_seq: upto_seq,
+            ..EventFilter::default()
+        };
+        let [promoted, rolled_back] = [
+            (PROMOTED, "rollout/"),
+            (ROLLED_BACK, crate::SNAPSHOT_STREAM),
+        ]
+        .map(|(kind, prefix)| EventFilter {
+            event_type: Some(kind.into()),
+            stream_prefix: Some(prefix.into()),
+            max_seq: upto_seq,
+            ..EventFilter::default()
+        });
+        [own, promoted, rolled_back]
+    }
+
+    /// What a follower of this registry reads, from the highest seq applied so far.
+    pub(crate) fn following(&self) -> Vec<After> {
+        let from = self.applied.lock().map(|a| a.max).unwrap_or(0);
+        Self::filters(None)
+            .into_iter()
+            .map(|f| After::from(f, from))
+            .collect()
+    }
+
+    /// Applies the activations, promotions and rollbacks that other nodes of the cluster
+    /// recorded since the last step, in seq order; this node's own were applied when it
+    /// wrote them and are skipped. One that comes after a later event was already applied
+    /// here (another node's write that committed before this node's, seen late) cannot be
+    /// applied on top: the engines are then rebuilt from the ledger.
+    pub(crate) async fn follow_step(&self, after: &mut [After]) -> Result<(), LedgerError> {
+        let mut new = Vec::new();
+        for a in after.iter_mut() {
+            while let Some(page) = a.next(&self.store).await? {
+                new.extend(page);
+            }
+        }
+        new.sort_by_key(|e| e.seq);
+        let mut rebuild = false;
+        for event in &new {
+            let (own, in_order) = match self.applied.lock() {
+                Ok(mut a) => (a.seqs.remove(&event.seq), event.seq > a.max),
+                Err(_) => (false, false),
+            };
+            if own {
+                continue;
+            }
+            if in_order && !rebuild {
+                self.apply(event);
+                if let Ok(mut a) = self.applied.lock() {
+                    a.seqs.remove(&event.seq);
+                }
+            } else {
+                rebuild = true;
+            }
+        }
+        if rebuild {
+            let fresh = Self::load_until(
+                self.store.clone(),
+                self.models.clone(),
+                self.policies.clone(),
+                None,
+            )
+            .await?;
+            let engines = fresh.engines.read().map(|e| e.clone()).unwrap_or_default();
+            if let Ok(mut mine) = self.engines.write() {
+                *mine = engines;
+            }
+            let applied = fresh.applied.lock().map(|a| a.clone()).unwrap_or_default();
+            if let Ok(mut mine) = self.applied.lock() {
+                *mine = applied;
+            }
+            tracing::info!("engines rebuilt from the ledger: another node's change came late");
+        }
+        // Seqs the followers have passed cannot come again.
+        let passed = new.last().map_or(0, |e| e.seq);
+        if let Ok(mut a) = self.applied.lock() {
+            a.seqs.retain(|&seq| seq > passed);
+        }
+        Ok(())
+    }
+
     pub(crate) fn apply(&self, event: &RecordedEvent) {
+        if let Ok(mut a) = self.applied.lock() {
+            a.seqs.insert(event.seq);
+            a.max = a.max.max(event.seq);
+        }
         match event.event_type.as_str() {
             PROMOTED => return self.apply_promotion(event),
             ROLLED_BACK => {

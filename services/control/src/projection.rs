@@ -79,11 +79,11 @@ impl ControlState {
         })
     }
 
-    /// Applies, on this node, the policies, models and corpus versions that other nodes of
-    /// the cluster record on the shared ledger, every `every`, until `stop`: a policy
-    /// ingested through one node is enforced by the others within about `every`. (Engines,
-    /// rollouts and snapshots written through another node are applied when this node
-    /// starts.)
+    /// Applies, on this node, the policies, models, corpus versions and engines (activations,
+    /// promotions, rollbacks' routing) that other nodes of the cluster record on the shared
+    /// ledger, every `every`, until `stop`: a policy ingested or an engine activated through
+    /// one node is in force on the others within about `every`. (Rollouts and snapshots
+    /// written through another node are applied when this node starts.)
     pub async fn follow(
         self,
         every: std::time::Duration,
@@ -92,12 +92,14 @@ impl ControlState {
         let mut policies_after = self.policies.following();
         let mut models_after = self.models.following();
         let mut corpora_after = self.corpora.following();
+        let mut engines_after = self.engines.following();
         let mut failing = false;
         loop {
             let step = async {
                 self.models.follow_step(&mut models_after).await?;
                 self.corpora.follow_step(&mut corpora_after).await?;
-                self.policies.follow_step(&mut policies_after).await
+                self.policies.follow_step(&mut policies_after).await?;
+                self.engines.follow_step(&mut engines_after).await
             };
             match step.await {
                 Ok(_) if failing => {

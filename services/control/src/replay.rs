@@ -84,6 +84,11 @@ impl After {
         After { filter, after: 0 }
     }
 
+    /// Following from after seq `after`.
+    pub(crate) fn from(filter: EventFilter, after: u64) -> After {
+        After { filter, after }
+    }
+
     /// The next page of new events, `None` when there is none.
     pub(crate) async fn next(
         &mut self,
