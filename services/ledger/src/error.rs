@@ -130,6 +130,11 @@ pub enum LedgerError {
 
     #[error("unsupported database URL {0:?}: use postgres://... or sqlite:...")]
     UnsupportedUrl(String),
+
+    #[error(
+        "none of the PostgreSQL hosts {0} is a reachable primary (each is down or in recovery)"
+    )]
+    NoPrimary(String),
 }
 
 impl LedgerError {

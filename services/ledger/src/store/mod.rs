@@ -11,6 +11,7 @@ macro_rules! select_events {
     };
 }
 
+mod failover;
 mod filter;
 mod pg_copy;
 pub(crate) mod plan;
@@ -299,12 +300,39 @@ struct Inner {
     /// What this process committed last, for followers (see `tail.rs`).
     tail: Arc<Tail>,
     writer_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The hosts of a multi-host URL, whose primary every pool of the store follows.
+    failover: Option<Arc<failover::Failover>>,
 }
 
-/// How the store's PostgreSQL pools acquire connections.
-fn pg_pool_options(config: &StoreConfig, max_connections: u32) -> PgPoolOptions {
+/// How the store's PostgreSQL pools acquire connections. `primary_only` (a multi-host
+/// URL): a new connection to a host in recovery (a standby) is refused, so the pool never
+/// writes to a host that cannot take writes and the failover watcher finds the primary.
+fn pg_pool_options(
+    config: &StoreConfig,
+    max_connections: u32,
+    primary_only: bool,
+) -> PgPoolOptions {
     let ping_idle_after = config.ping_idle_after;
-    PgPoolOptions::new()
+    let options = PgPoolOptions::new();
+    let options = if primary_only {
+        options.after_connect(|conn, _| {
+            Box::pin(async move {
+                let in_recovery: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
+                    .fetch_one(&mut *conn)
+                    .await?;
+                if in_recovery {
+                    return Err(sqlx::Error::Configuration(
+                        "connected to a standby (in recovery); the ledger writes to the primary"
+                            .into(),
+                    ));
+                }
+                Ok(())
+            })
+        })
+    } else {
+        options
+    };
+    options
         .max_connections(max_connections)
         .acquire_timeout(config.acquire_timeout)
         // No ping before every acquire: it was a round trip per query (a tenth of the
@@ -343,16 +371,30 @@ impl EventStore {
             // No JIT compilation: the ledger's statements are short index probes, and
             // PostgreSQL's cost guesses on a ledger it has not analysed yet put a batch's
             // lookup over `jit_above_cost`, so each one spent ~10 ms compiling.
-            let options = PgConnectOptions::from_str(url)?.options([("jit", "off")]);
+            let tune = |options: PgConnectOptions| options.options([("jit", "off")]);
+            // Several hosts (a primary and its standbys): the one that is the primary now,
+            // followed when it changes.
+            let (options, failover) = match failover::split_hosts(url)? {
+                Some(hosts) => {
+                    let (failover, options) = failover::Failover::connect(hosts, tune).await?;
+                    (options, Some(failover))
+                }
+                None => (tune(PgConnectOptions::from_str(url)?), None),
+            };
             // One connection on its own first: the pool retries until its acquire timeout
             // and then says only "pool timed out", not why (refused, no such database, a
             // wrong password).
             let probe = PgConnection::connect_with(&options).await?;
             let _ = probe.close().await;
-            let pool = pg_pool_options(&config, config.max_connections)
+            let pool = pg_pool_options(&config, config.max_connections, failover.is_some())
                 .connect_with(options)
                 .await?;
-            Self::open_postgres(pool, config).await
+            if let Some(failover) = &failover {
+                failover.register(&pool);
+                failover::Failover::watch(failover);
+            }
+            postgres::migrate(&pool).await?;
+            Self::start(Db::Postgres(pool), config, failover).await
         } else if url.starts_with("sqlite:") {
             let options = SqliteConnectOptions::from_str(url)?
                 .create_if_missing(true)
@@ -372,16 +414,20 @@ impl EventStore {
 
     pub async fn open_postgres(pool: PgPool, config: StoreConfig) -> Result<Self, LedgerError> {
         postgres::migrate(&pool).await?;
-        Self::start(Db::Postgres(pool), config).await
+        Self::start(Db::Postgres(pool), config, None).await
     }
 
     pub async fn open_sqlite(pool: SqlitePool, config: StoreConfig) -> Result<Self, LedgerError> {
         sqlite::migrate(&pool).await?;
-        Self::start(Db::Sqlite(pool), config).await
+        Self::start(Db::Sqlite(pool), config, None).await
     }
 
-    async fn start(db: Db, config: StoreConfig) -> Result<Self, LedgerError> {
-        let store = Self::start_writer(db, config).await?;
+    async fn start(
+        db: Db,
+        config: StoreConfig,
+        failover: Option<Arc<failover::Failover>>,
+    ) -> Result<Self, LedgerError> {
+        let store = Self::start_writer(db, config, failover).await?;
         let finished = store.reapply_redactions().await?;
         if finished > 0 {
             tracing::warn!(finished, "finished redactions interrupted by a crash");
@@ -389,7 +435,11 @@ impl EventStore {
         Ok(store)
     }
 
-    async fn start_writer(db: Db, config: StoreConfig) -> Result<Self, LedgerError> {
+    async fn start_writer(
+        db: Db,
+        config: StoreConfig,
+        failover: Option<Arc<failover::Failover>>,
+    ) -> Result<Self, LedgerError> {
         let head = match &db {
             Db::Postgres(p) => postgres::head(p).await?,
             Db::Sqlite(p) => sqlite::head(p).await?,
@@ -414,6 +464,7 @@ impl EventStore {
                 committed,
                 tail,
                 writer_task: Mutex::new(Some(task)),
+                failover,
             }),
         })
     }
@@ -424,11 +475,24 @@ impl EventStore {
     /// low-priority runtime's tasks must not open connections that the answers' tasks
     /// then wait on. SQLite connections run on threads of their own and are shared.
     pub fn with_own_pool(&self, max_connections: u32) -> EventStore {
+        let failover = self.inner.failover.clone();
         let db = match &self.inner.db {
-            Db::Postgres(p) => Db::Postgres(
-                pg_pool_options(&self.inner.config, max_connections.max(1))
-                    .connect_lazy_with((*p.connect_options()).clone()),
-            ),
+            Db::Postgres(p) => {
+                let options = match &failover {
+                    Some(f) => f.current_options(),
+                    None => (*p.connect_options()).clone(),
+                };
+                let pool = pg_pool_options(
+                    &self.inner.config,
+                    max_connections.max(1),
+                    failover.is_some(),
+                )
+                .connect_lazy_with(options);
+                if let Some(f) = &failover {
+                    f.register(&pool);
+                }
+                Db::Postgres(pool)
+            }
             Db::Sqlite(p) => Db::Sqlite(p.clone()),
         };
         EventStore {
@@ -439,6 +503,7 @@ impl EventStore {
                 committed: self.inner.committed.clone(),
                 tail: Arc::clone(&self.inner.tail),
                 writer_task: Mutex::new(None),
+                failover,
             }),
         }
     }

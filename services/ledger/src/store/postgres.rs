@@ -464,18 +464,15 @@ pub(crate) async fn find_by_metadata(
 /// what a cached scan cost). Parse and plan were two thirds of a lookup's time in
 /// PostgreSQL (pgbench, 30 ids: 0.27 ms per call planned each time, 0.15 ms prepared).
 pub(crate) struct LookupConnection {
-    options: sqlx::postgres::PgConnectOptions,
+    /// The pool whose host (the primary, after a failover too) a new connection goes to.
+    pool: PgPool,
     conn: Option<PgConnection>,
 }
 
 impl LookupConnection {
     pub(crate) fn new(pool: &PgPool) -> Self {
-        let options = (*pool.connect_options()).clone().options([
-            ("enable_seqscan", "off"),
-            ("plan_cache_mode", "force_generic_plan"),
-        ]);
         LookupConnection {
-            options,
+            pool: pool.clone(),
             conn: None,
         }
     }
@@ -485,7 +482,13 @@ impl LookupConnection {
         use sqlx::Connection as _;
         let conn = match self.conn.take() {
             Some(conn) => conn,
-            None => PgConnection::connect_with(&self.options).await?,
+            None => {
+                let options = (*self.pool.connect_options()).clone().options([
+                    ("enable_seqscan", "off"),
+                    ("plan_cache_mode", "force_generic_plan"),
+                ]);
+                PgConnection::connect_with(&options).await?
+            }
         };
         Ok(self.conn.insert(conn))
     }
