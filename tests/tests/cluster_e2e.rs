@@ -629,3 +629,77 @@ async fn an_engine_activated_through_one_node_clears_on_the_other() {
     );
     db.drop_database().await;
 }
+
+/// Polls `server`'s `path` until `member` of its answer is `wanted`; the time it took.
+async fn wait_for_value(server: &Server, path: &str, member: &str, wanted: &Value) -> Duration {
+    let started = Instant::now();
+    loop {
+        let answer = aether_e2e::clearing::get(server, path).await;
+        if &answer[member] == wanted {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{path} never showed {member} = {wanted}: {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A rollback made through one node is in force on the other: the rule set of the snapshot
+/// comes back there too, and both nodes end in the same state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_through_one_node_is_in_force_on_the_other() {
+    use aether_e2e::clearing::{get, ingest_aml_v2, post};
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let node_a = node(&dir.path().join("a"), &db, "node-a", None);
+    let key = dir.path().join("a").join("keys").join(PRIVATE_KEY_FILE);
+    let node_b = node(&dir.path().join("b"), &db, "node-b", Some(&key));
+    ingest_aml_v2(&node_a).await;
+    let snapshot_rules = get(&node_a, "/v1/policies").await["rule_set_digest"].clone();
+    wait_for_value(&node_b, "/v1/policies", "rule_set_digest", &snapshot_rules).await;
+    let (status, snapshot) = post(&node_a, "/v1/snapshots", json!({})).await;
+    assert_eq!(status, 201, "{snapshot}");
+    assert_eq!(snapshot["rules_digest"], snapshot_rules);
+
+    // A second policy through node-a changes the rule set on both nodes.
+    let policy = "name: cluster_extra\nversion: 1.0.0\nrules:\n  - id: huge\n    \
+                  expression: request.amount_minor >= 900000000\n    action: hold\n    \
+                  severity: low\n";
+    let resp = http()
+        .post(node_a.url("/v1/policy/ingest"))
+        .bearer_auth(OPERATOR_TOKEN)
+        .header("content-type", "application/yaml")
+        .body(policy)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    let changed = get(&node_a, "/v1/policies").await["rule_set_digest"].clone();
+    assert_ne!(changed, snapshot_rules);
+    wait_for_value(&node_b, "/v1/policies", "rule_set_digest", &changed).await;
+
+    // The rollback through node-a: node-b puts the snapshot's rule set back too.
+    let (status, rollback) = post(
+        &node_a,
+        "/v1/rollback",
+        json!({"snapshot_id": snapshot["id"], "reason": "the extra rule was a mistake"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{rollback}");
+    assert_eq!(
+        get(&node_a, "/v1/policies").await["rule_set_digest"],
+        snapshot_rules
+    );
+    let took = wait_for_value(&node_b, "/v1/policies", "rule_set_digest", &snapshot_rules).await;
+    println!(
+        "rollback in force on the other node after {} ms",
+        took.as_millis()
+    );
+    let state_a = get(&node_a, "/v1/state").await;
+    wait_for_value(&node_b, "/v1/state", "digest", &state_a["digest"]).await;
+    assert!(node_a.terminate().success());
+    assert!(node_b.terminate().success());
+    db.drop_database().await;
+}

@@ -6,225 +6,11 @@
 //! Both servers are real clusters made here with `initdb` and `pg_basebackup` (as the
 //! `postgres` user when the tests run as root), on free local ports.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
+use aether_e2e::postgres_pair::{Pair, wait_for_sync};
 use aether_e2e::{OPERATOR_TOKEN, Server, http, run_aether};
 use serde_json::json;
-
-/// PostgreSQL's server programs: `pg_config --bindir`, else the newest under
-/// /usr/lib/postgresql.
-fn pg_bin() -> PathBuf {
-    if let Ok(out) = Command::new("pg_config").arg("--bindir").output()
-        && out.status.success()
-    {
-        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-        if dir.join("initdb").is_file() {
-            return dir;
-        }
-    }
-    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .expect("PostgreSQL's server programs (initdb, pg_ctl, pg_basebackup)")
-        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
-        .filter(|bin| bin.join("initdb").is_file())
-        .collect();
-    versions.sort();
-    versions.pop().expect("initdb under /usr/lib/postgresql")
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A primary and its synchronous standby; both stopped on drop.
-struct Pair {
-    dir: tempfile::TempDir,
-    bin: PathBuf,
-    as_postgres: bool,
-    primary_port: u16,
-    standby_port: u16,
-}
-
-impl Pair {
-    fn run(&self, program: &str, args: &[&str]) {
-        let path = self.bin.join(program);
-        let mut cmd = if self.as_postgres {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(&path);
-            c
-        } else {
-            Command::new(&path)
-        };
-        let out = cmd.args(args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "{program} {args:?}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    fn data(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn text(path: &Path) -> String {
-        path.to_str().unwrap().to_owned()
-    }
-
-    fn start() -> Pair {
-        let dir = tempfile::tempdir().unwrap();
-        // SAFETY: geteuid(2) has no preconditions and cannot fail.
-        let as_postgres = unsafe { libc::geteuid() } == 0;
-        if as_postgres {
-            let status = Command::new("chown")
-                .args(["postgres:", Self::text(dir.path()).as_str()])
-                .status()
-                .unwrap();
-            assert!(status.success());
-        }
-        let pair = Pair {
-            dir,
-            bin: pg_bin(),
-            as_postgres,
-            primary_port: free_port(),
-            standby_port: free_port(),
-        };
-        let primary = Self::text(&pair.data("primary"));
-        let standby = Self::text(&pair.data("standby"));
-        let sockets = Self::text(pair.dir.path());
-        pair.run(
-            "initdb",
-            &[
-                "-D",
-                &primary,
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "-E",
-                "UTF8",
-            ],
-        );
-        let conf = format!(
-            "port = {}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{sockets}'\n\
-             synchronous_standby_names = 'standby1'\nsynchronous_commit = on\nfsync = on\n\
-             max_wal_senders = 4\nwal_level = replica\n",
-            pair.primary_port
-        );
-        pair.append_conf(&pair.data("primary").join("postgresql.conf"), &conf);
-        pair.run(
-            "pg_ctl",
-            &[
-                "-D",
-                &primary,
-                "-l",
-                &format!("{primary}.log"),
-                "-w",
-                "start",
-            ],
-        );
-        pair.run(
-            "pg_basebackup",
-            &[
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &pair.primary_port.to_string(),
-                "-U",
-                "postgres",
-                "-D",
-                &standby,
-                "-R",
-                "-X",
-                "stream",
-            ],
-        );
-        // In postgresql.auto.conf, after what `pg_basebackup -R` wrote there, so that this
-        // primary_conninfo (naming the standby for synchronous_standby_names) wins. Once
-        // promoted it has no standby of its own: it must not wait for one (the copied
-        // setting would make every commit wait for ever).
-        pair.append_conf(
-            &pair.data("standby").join("postgresql.auto.conf"),
-            &format!(
-                "port = {}\nprimary_conninfo = 'host=127.0.0.1 port={} user=postgres application_name=standby1'\n\
-                 synchronous_standby_names = ''\n",
-                pair.standby_port, pair.primary_port
-            ),
-        );
-        pair.run(
-            "pg_ctl",
-            &[
-                "-D",
-                &standby,
-                "-l",
-                &format!("{standby}.log"),
-                "-w",
-                "start",
-            ],
-        );
-        pair
-    }
-
-    /// Appends settings to a cluster's configuration file.
-    fn append_conf(&self, file: &Path, text: &str) {
-        use std::io::Write;
-        let mut file = std::fs::OpenOptions::new().append(true).open(file).unwrap();
-        file.write_all(text.as_bytes()).unwrap();
-    }
-
-    fn url(&self, ports: &[u16]) -> String {
-        let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-        format!(
-            "postgres://postgres@{}/postgres?target_session_attrs=read-write&sslmode=disable",
-            hosts.join(",")
-        )
-    }
-}
-
-impl Drop for Pair {
-    fn drop(&mut self) {
-        for name in ["standby", "primary"] {
-            let data = Self::text(&self.data(name));
-            let path = self.bin.join("pg_ctl");
-            let mut cmd = if self.as_postgres {
-                let mut c = Command::new("runuser");
-                c.args(["-u", "postgres", "--"]).arg(&path);
-                c
-            } else {
-                Command::new(&path)
-            };
-            let _ = cmd.args(["-D", &data, "-m", "immediate", "stop"]).output();
-        }
-    }
-}
-
-/// Waits until the primary reports the standby as synchronous.
-async fn wait_for_sync(url: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(mut conn) = <sqlx::PgConnection as sqlx::Connection>::connect(url).await {
-            let state: Option<String> = sqlx::query_scalar(
-                "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'standby1'",
-            )
-            .fetch_optional(&mut conn)
-            .await
-            .unwrap_or(None);
-            if state.as_deref() == Some("sync") {
-                return;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the standby never became synchronous"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 /// Appends one event on `stream`, a stream of its own; whether it was acknowledged (201, or
 /// 409: a retry of one that was recorded).
@@ -346,4 +132,139 @@ async fn the_standby_promoted_under_load_has_everything_acknowledged() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Regulators' reads go to the streaming replica (`--read-database-url`): a plain page shows
+/// what the replica has replayed, and an export with proofs never pairs a tree size with
+/// events the replica has not reached (it reads those from the primary); the bundle verifies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regulators_read_from_the_replica_and_proofs_never_outrun_it() {
+    use aether_e2e::REGULATOR_TOKEN;
+    let pair = Pair::start();
+    let primary = pair.url_of(pair.primary_port);
+    let replica = pair.url_of(pair.standby_port);
+    wait_for_sync(&primary).await;
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start(
+        data.path(),
+        &[
+            ("DATABASE_URL", primary.as_str()),
+            ("AETHER_READ_DATABASE_URL", replica.as_str()),
+            ("AETHER_CHECKPOINT_EVERY_SECS", "1"),
+        ],
+    );
+    let page = |server: &Server| {
+        let url = server.url("/v1/audit/events?stream_prefix=replica/");
+        async move {
+            let body: serde_json::Value = http()
+                .get(url)
+                .bearer_auth(REGULATOR_TOKEN)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            body["events"].as_array().unwrap().len()
+        }
+    };
+    for n in 0..5 {
+        assert!(append(&server, &format!("replica/a{n}")).await);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while page(&server).await < 5 {
+        assert!(
+            Instant::now() < deadline,
+            "the replica never showed the events"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The replica stops replaying: a plain page is what it has (so it is read there) ...
+    let mut standby = <sqlx::PgConnection as sqlx::Connection>::connect(&replica)
+        .await
+        .unwrap();
+    sqlx::query("SELECT pg_wal_replay_pause()")
+        .execute(&mut standby)
+        .await
+        .unwrap();
+    assert!(append(&server, "replica/b").await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        page(&server).await,
+        5,
+        "the page was not read from the replica"
+    );
+
+    // ... but an export anchored at a checkpoint past the replica's head holds every event
+    // up to it, read from the primary, and verifies offline.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let bundle = loop {
+        let resp = http()
+            .post(server.url("/v1/audit/exports"))
+            .bearer_auth(REGULATOR_TOKEN)
+            .json(&json!({"stream_prefix": "replica/"}))
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status();
+        let bundle: serde_json::Value = resp.json().await.unwrap();
+        // 409: no checkpoint signed yet.
+        assert!(status == 200 || status == 409, "{bundle}");
+        if status == 200 && bundle["events"].as_array().unwrap().len() == 6 {
+            break bundle;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no checkpoint came to cover the new event"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let path = data.path().join("bundle.json");
+    std::fs::write(&path, serde_json::to_vec(&bundle).unwrap()).unwrap();
+    let public = data
+        .path()
+        .join("keys")
+        .join(aether_ledger::checkpoint::PUBLIC_KEY_FILE);
+    let out = run_aether(
+        &[
+            "audit",
+            "verify",
+            path.to_str().unwrap(),
+            "--public-key",
+            public.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let metrics = http()
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("aether_audit_replica_behind_total"),
+        "the export did not go to the primary"
+    );
+
+    // Replaying again, the replica serves the page whole.
+    sqlx::query("SELECT pg_wal_replay_resume()")
+        .execute(&mut standby)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while page(&server).await < 6 {
+        assert!(Instant::now() < deadline, "the replica never caught up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(server.terminate().success());
 }

@@ -187,7 +187,8 @@ async fn events(
         )));
     }
     record_access(&state, &auditor, "events", json!(p)).await?;
-    let found = state.store.query(&filter, cursor, limit as u32).await?;
+    // A plain page carries no proof: the replica's, however far it has replayed.
+    let found = state.reads.query(&filter, cursor, limit as u32).await?;
     let next = (found.len() as u64 == limit)
         .then(|| found.last().map(|e| e.seq.to_string()))
         .flatten();
@@ -244,7 +245,11 @@ async fn export_events(
     let mut after = 0;
     while (events.len() as u64) < limit {
         let want = (limit - events.len() as u64).min(MAX_PAGE) as u32;
-        let page = state.store.query(filter, after, want).await?;
+        let page = state
+            .reads_through(tree_size)
+            .await
+            .query(filter, after, want)
+            .await?;
         let Some(last) = page.last() else { break };
         after = last.seq;
         let covered: Vec<RecordedEvent> = page.into_iter().filter(|e| e.seq <= tree_size).collect();

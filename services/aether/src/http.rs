@@ -39,6 +39,30 @@ pub struct AppState {
     pub control: aether_control::ControlState,
     /// This node's id in its cluster.
     pub node_id: Arc<str>,
+    /// Where regulators' reads go: a streaming replica (`--read-database-url`), or the
+    /// ledger itself. See [`AppState::reads_through`].
+    pub reads: EventStore,
+}
+
+impl AppState {
+    /// The store to read events up to `seq` from: the replica once it has replayed that
+    /// far (waiting up to 500 ms for it), else the primary, so that no answer pairs a proof
+    /// for a tree size with events the replica has not reached.
+    pub async fn reads_through(&self, seq: u64) -> &EventStore {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(500);
+        loop {
+            match self.reads.head().await {
+                Ok(head) if head.map_or(0, |(s, _)| s) >= seq => return &self.reads,
+                Ok(_) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                _ => {
+                    metrics::counter!("aether_audit_replica_behind_total").increment(1);
+                    return &self.store;
+                }
+            }
+        }
+    }
 }
 
 pub fn router(state: AppState) -> Router {

@@ -42,7 +42,7 @@ struct Lineage(Arc<OnceLock<LineageIndex>>);
 impl Lineage {
     fn index(&self, state: &AppState) -> &LineageIndex {
         self.0
-            .get_or_init(|| LineageIndex::new(state.store.clone()))
+            .get_or_init(|| LineageIndex::new(state.reads.clone()))
     }
 }
 

@@ -51,6 +51,11 @@ pub struct ServeArgs {
     /// location. Default: `<data>/delta`.
     #[arg(long, env = "AETHER_DELTA_URI")]
     pub delta_uri: Option<String>,
+    /// A streaming replica of the PostgreSQL ledger for regulators' reads (audit event
+    /// queries and evidence exports). An answer with proofs reads from it only once it has
+    /// replayed past the proof's tree size, else from the primary.
+    #[arg(long, env = "AETHER_READ_DATABASE_URL", hide_env_values = true)]
+    pub read_database_url: Option<String>,
     /// How much lower in CPU priority the lineage relays and the Merkle log follower run
     /// than the answers (added to their threads' nice value, as `nice -n`; 0 = the same).
     /// On a busy machine they yield the cores to the decisions being answered and catch
@@ -182,6 +187,22 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         crate::cluster::delta_location(args.delta_uri.as_deref(), &args.ledger.data_dir)?;
     let delta_events = format!("{delta_root}/events");
     refuse_a_ledger_behind_its_witnesses(&store, &args.ledger.data_dir, &delta_events).await?;
+    let reads = match &args.read_database_url {
+        Some(url) if store.postgres_pool().is_some() => {
+            let reads = EventStore::connect_replica(url, StoreConfig::default())
+                .await
+                .with_context(|| {
+                    format!(
+                        "cannot open the read replica {}",
+                        aether_ledger::redact_url(url)
+                    )
+                })?;
+            tracing::info!(replica = %aether_ledger::redact_url(url), "regulators' reads go to the replica");
+            reads
+        }
+        Some(_) => anyhow::bail!("--read-database-url needs a PostgreSQL ledger (DATABASE_URL)"),
+        None => store.clone(),
+    };
 
     let signer = match &args.checkpoint_key {
         Some(path) => CheckpointSigner::from_pem_file(path)?,
@@ -431,6 +452,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         merkle,
         control,
         node_id: node_id.clone().into(),
+        reads,
     };
     let app = router(state).layer(axum::Extension(Arc::new(args.audit.audit_reveal)));
     // A failure of the HTTP server still stops everything in order below.

@@ -223,6 +223,7 @@ mod tests {
             merkle: MerkleLog::default(),
             control,
             node_id: "test-node".into(),
+            reads: store.clone(),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await

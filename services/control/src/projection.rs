@@ -79,11 +79,11 @@ impl ControlState {
         })
     }
 
-    /// Applies, on this node, the policies, models, corpus versions and engines (activations,
-    /// promotions, rollbacks' routing) that other nodes of the cluster record on the shared
-    /// ledger, every `every`, until `stop`: a policy ingested or an engine activated through
-    /// one node is in force on the others within about `every`. (Rollouts and snapshots
-    /// written through another node are applied when this node starts.)
+    /// Applies, on this node, the policies, models, corpus versions, engines (activations,
+    /// promotions) and snapshots and rollbacks that other nodes of the cluster record on the
+    /// shared ledger, every `every`, until `stop`: a policy ingested, an engine activated or
+    /// a rollback made through one node is in force on the others within about `every`.
+    /// (Rollouts started through another node are applied when this node starts.)
     pub async fn follow(
         self,
         every: std::time::Duration,
@@ -99,7 +99,10 @@ impl ControlState {
                 self.models.follow_step(&mut models_after).await?;
                 self.corpora.follow_step(&mut corpora_after).await?;
                 self.policies.follow_step(&mut policies_after).await?;
-                self.engines.follow_step(&mut engines_after).await
+                self.engines.follow_step(&mut engines_after).await?;
+                self.snapshots
+                    .follow_step(&self.corpora, &self.policies, &self.rollouts)
+                    .await
             };
             match step.await {
                 Ok(_) if failing => {

@@ -251,6 +251,13 @@ impl RolloutRegistry {
             .unwrap_or_default()
     }
 
+    /// Puts a rollback's rollout routing in force (a rollback another node recorded).
+    pub(crate) fn apply_rollback(&self, event: &RecordedEvent) {
+        if event.event_type == ROLLED_BACK {
+            self.apply(event);
+        }
+    }
+
     fn apply(&self, event: &RecordedEvent) {
         if event.event_type == ROLLED_BACK {
             let payload = event.payload_value().unwrap_or_default();

@@ -377,6 +377,9 @@ pub enum SnapshotError {
 struct Projection {
     snapshots: Vec<SnapshotRecord>,
     rollbacks: Vec<RollbackRecord>,
+    /// The stream version of the last event applied: a follower skips what it already has
+    /// (this node's own snapshots and rollbacks, applied when written).
+    applied_version: u64,
 }
 
 /// The coordinator and the committed snapshots (a projection of stream `snapshot`).
@@ -429,15 +432,20 @@ impl SnapshotCoordinator {
         Ok(coordinator)
     }
 
-    fn apply(&self, event: &RecordedEvent) {
-        let Ok(payload) = event.payload_value() else {
-            tracing::error!(seq = event.seq, "malformed snapshot event");
-            return;
-        };
+    /// Applies one event of stream `snapshot`; whether it was new here.
+    fn apply(&self, event: &RecordedEvent) -> bool {
         let mut p = self
             .projection
             .write()
             .unwrap_or_else(PoisonError::into_inner);
+        if event.stream_version <= p.applied_version {
+            return false;
+        }
+        p.applied_version = event.stream_version;
+        let Ok(payload) = event.payload_value() else {
+            tracing::error!(seq = event.seq, "malformed snapshot event");
+            return true;
+        };
         match event.event_type.as_str() {
             SNAPSHOT_COMMITTED => match serde_json::from_value::<SnapshotRecord>(payload) {
                 Ok(mut r) => {
@@ -455,6 +463,40 @@ impl SnapshotCoordinator {
                 Err(e) => tracing::error!(seq = event.seq, error = %e, "malformed rollback"),
             },
             _ => {}
+        }
+        true
+    }
+
+    /// Applies the snapshots and rollbacks that other nodes of the cluster recorded since
+    /// the last step. A rollback is then put in force here as at a start: the rule set and
+    /// corpora it restored (unless newer ones built on them, [`Self::reapply`]) and the
+    /// rollouts' routing; the engines' routing comes with the engines' own follower.
+    pub(crate) async fn follow_step(
+        &self,
+        corpora: &CorpusRegistry,
+        policies: &PolicyRegistry,
+        rollouts: &RolloutRegistry,
+    ) -> Result<(), LedgerError> {
+        loop {
+            let from = self.read(|p| p.applied_version) + 1;
+            let page = self
+                .store
+                .read_stream(SNAPSHOT_STREAM, from, Direction::Forward, 500)
+                .await?;
+            let mut rolled_back = false;
+            for event in &page {
+                if self.apply(event) && event.event_type == ROLLED_BACK {
+                    rollouts.apply_rollback(event);
+                    rolled_back = true;
+                }
+            }
+            if rolled_back {
+                self.reapply(corpora, policies).await?;
+                tracing::info!("a rollback recorded through another node is in force here");
+            }
+            if page.len() < 500 {
+                return Ok(());
+            }
         }
     }
 

@@ -412,6 +412,22 @@ impl EventStore {
         }
     }
 
+    /// Opens a PostgreSQL streaming replica of the ledger for reading: no migrations (a
+    /// standby cannot run them; its schema is the primary's), and appends through it fail
+    /// (the server refuses writes). How far it has replayed: [`Self::head`].
+    pub async fn connect_replica(url: &str, config: StoreConfig) -> Result<Self, LedgerError> {
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return Err(LedgerError::UnsupportedUrl(redact_url(url)));
+        }
+        let options = PgConnectOptions::from_str(url)?.options([("jit", "off")]);
+        let probe = PgConnection::connect_with(&options).await?;
+        let _ = probe.close().await;
+        let pool = pg_pool_options(&config, config.max_connections, false)
+            .connect_with(options)
+            .await?;
+        Self::start(Db::Postgres(pool), config, None).await
+    }
+
     pub async fn open_postgres(pool: PgPool, config: StoreConfig) -> Result<Self, LedgerError> {
         postgres::migrate(&pool).await?;
         Self::start(Db::Postgres(pool), config, None).await
