@@ -134,6 +134,14 @@ async fn the_standby_promoted_under_load_has_everything_acknowledged() {
     );
 }
 
+/// How many events of streams `replica/` a regulator's page shows.
+async fn replica_page(server: &Server) -> usize {
+    aether_e2e::clearing::get(server, "/v1/audit/events?stream_prefix=replica/").await["events"]
+        .as_array()
+        .unwrap()
+        .len()
+}
+
 /// Regulators' reads go to the streaming replica (`--read-database-url`): a plain page shows
 /// what the replica has replayed, and an export with proofs never pairs a tree size with
 /// events the replica has not reached (it reads those from the primary); the bundle verifies.
@@ -153,26 +161,11 @@ async fn regulators_read_from_the_replica_and_proofs_never_outrun_it() {
             ("AETHER_CHECKPOINT_EVERY_SECS", "1"),
         ],
     );
-    let page = |server: &Server| {
-        let url = server.url("/v1/audit/events?stream_prefix=replica/");
-        async move {
-            let body: serde_json::Value = http()
-                .get(url)
-                .bearer_auth(REGULATOR_TOKEN)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            body["events"].as_array().unwrap().len()
-        }
-    };
     for n in 0..5 {
         assert!(append(&server, &format!("replica/a{n}")).await);
     }
     let deadline = Instant::now() + Duration::from_secs(20);
-    while page(&server).await < 5 {
+    while replica_page(&server).await < 5 {
         assert!(
             Instant::now() < deadline,
             "the replica never showed the events"
@@ -191,7 +184,7 @@ async fn regulators_read_from_the_replica_and_proofs_never_outrun_it() {
     assert!(append(&server, "replica/b").await);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
-        page(&server).await,
+        replica_page(&server).await,
         5,
         "the page was not read from the replica"
     );
@@ -262,7 +255,7 @@ async fn regulators_read_from_the_replica_and_proofs_never_outrun_it() {
         .await
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while page(&server).await < 6 {
+    while replica_page(&server).await < 6 {
         assert!(Instant::now() < deadline, "the replica never caught up");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
