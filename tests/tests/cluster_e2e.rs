@@ -688,17 +688,45 @@ async fn a_rollback_through_one_node_is_in_force_on_the_other() {
     )
     .await;
     assert_eq!(status, 200, "{rollback}");
+    // Acknowledged once in force on both nodes: node-b already serves the snapshot's rules.
+    assert_eq!(
+        rollback["in_force_on"],
+        json!(["node-a", "node-b"]),
+        "{rollback}"
+    );
+    assert_eq!(rollback["lagging"], json!([]), "{rollback}");
     assert_eq!(
         get(&node_a, "/v1/policies").await["rule_set_digest"],
         snapshot_rules
     );
-    let took = wait_for_value(&node_b, "/v1/policies", "rule_set_digest", &snapshot_rules).await;
-    println!(
-        "rollback in force on the other node after {} ms",
-        took.as_millis()
+    assert_eq!(
+        get(&node_b, "/v1/policies").await["rule_set_digest"],
+        snapshot_rules
     );
     let state_a = get(&node_a, "/v1/state").await;
     wait_for_value(&node_b, "/v1/state", "digest", &state_a["digest"]).await;
+
+    // A node that cannot apply it in time (paused) is named in the answer, and applies it
+    // once it runs again.
+    signal(&node_b, "STOP");
+    let (status, again) = post(
+        &node_a,
+        "/v1/rollback",
+        json!({"snapshot_id": snapshot["id"], "reason": "once more, node-b paused"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["in_force_on"], json!(["node-a"]), "{again}");
+    assert_eq!(again["lagging"], json!(["node-b"]), "{again}");
+    signal(&node_b, "CONT");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while get(&node_b, "/v1/snapshots").await != get(&node_a, "/v1/snapshots").await {
+        assert!(
+            Instant::now() < deadline,
+            "node-b never applied the second rollback"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert!(node_a.terminate().success());
     assert!(node_b.terminate().success());
     db.drop_database().await;

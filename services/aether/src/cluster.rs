@@ -231,6 +231,7 @@ where
 /// Beats for this node every second until `stop`.
 pub fn heartbeat(
     store: EventStore,
+    control: aether_control::ControlState,
     node_id: String,
     http_address: String,
     grpc_address: String,
@@ -242,7 +243,14 @@ pub fn heartbeat(
         let mut failing = false;
         loop {
             match store
-                .heartbeat(&node_id, &http_address, &grpc_address, version, started)
+                .heartbeat(
+                    &node_id,
+                    &http_address,
+                    &grpc_address,
+                    version,
+                    started,
+                    control.followed_through(),
+                )
                 .await
             {
                 Ok(()) if failing => {
@@ -262,6 +270,38 @@ pub fn heartbeat(
             }
         }
     })
+}
+
+/// A node not heard from for longer is presumed down: a rollback does not wait for it.
+const PRESUMED_DOWN_AFTER: Duration = Duration::from_secs(5);
+
+/// Where a control event at `seq` (a rollback) is in force: this node, and every other
+/// live node (heard from within [`PRESUMED_DOWN_AFTER`]) whose follower has applied it,
+/// waiting up to `patience` for them; the live nodes that have not are `lagging`.
+pub async fn in_force(
+    store: &EventStore,
+    this_node: &str,
+    seq: u64,
+    patience: Duration,
+) -> (Vec<String>, Vec<String>) {
+    let deadline = tokio::time::Instant::now() + patience;
+    loop {
+        let nodes = store.nodes().await.unwrap_or_default();
+        let (mut done, mut lagging) = (vec![this_node.to_owned()], Vec::new());
+        for node in nodes.iter().filter(|n| {
+            n.node_id != this_node && n.silent_ms < PRESUMED_DOWN_AFTER.as_millis() as u64
+        }) {
+            if node.control_seq >= seq {
+                done.push(node.node_id.clone());
+            } else {
+                lagging.push(node.node_id.clone());
+            }
+        }
+        if lagging.is_empty() || tokio::time::Instant::now() >= deadline {
+            return (done, lagging);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Keeps a duty's lease for this node (see [`keep_lease`]).

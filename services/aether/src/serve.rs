@@ -360,6 +360,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let heartbeat = crate::cluster::heartbeat(
         store.clone(),
+        control.clone(),
         node_id.clone(),
         format!("http://{local}"),
         grpc.as_ref()

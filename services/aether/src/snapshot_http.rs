@@ -135,7 +135,7 @@ struct RollbackRequest {
     description = "Restores routing, rule set and corpus versions to a committed snapshot (`snapshot_id`, or `previous`) and records one `RolledBack`; if any part cannot be restored, nothing changes. Role: operator.",
     request_body = RollbackRequest,
     responses(
-        (status = 200, description = "The rollback record with the restored digests", body = serde_json::Value),
+        (status = 200, description = "The rollback record with the restored digests, and where it is in force: `in_force_on` (this node and every live node of the cluster that has applied it) and `lagging` (live nodes that had not within 2 s)", body = serde_json::Value),
         (status = 404, description = "No committed snapshot of that id"),
         (status = 409, description = "A participant could not be restored; nothing changed"),
         (status = 422, description = "Empty reason")))]
@@ -153,7 +153,7 @@ async fn rollback(
         ));
     }
     let participants = state.control.participants();
-    state
+    let record = state
         .control
         .snapshots
         .rollback(
@@ -163,9 +163,18 @@ async fn rollback(
             &origin,
         )
         .await
-        .map(|r| axum::Json(r).into_response())
-        .map_err(problem)
+        .map_err(problem)?;
+    // In force here; the other live nodes of the cluster get up to 2 s to apply it.
+    let (in_force_on, lagging) =
+        crate::cluster::in_force(&state.store, &state.node_id, record.seq, ROLLBACK_PATIENCE).await;
+    let mut answer = serde_json::to_value(&record).unwrap_or_default();
+    answer["in_force_on"] = serde_json::json!(in_force_on);
+    answer["lagging"] = serde_json::json!(lagging);
+    Ok(axum::Json(answer).into_response())
 }
+
+/// How long a rollback's answer waits for the other nodes to apply it.
+const ROLLBACK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
 
 #[cfg(test)]
 mod tests {

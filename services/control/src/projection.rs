@@ -2,6 +2,9 @@
 //! from seq 1 can be compared with the live service byte for byte, and so that the state
 //! at any past seq can be rebuilt for auditors (time travel).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use aether_ledger::hashing::{canonical_json, sm3};
 use aether_ledger::{EventFilter, EventStore, LedgerError, RecordedEvent};
 use serde_json::{Value, json};
@@ -26,6 +29,11 @@ pub struct ControlState {
     pub corpora: CorpusRegistry,
     /// Committed snapshots and rollbacks (stream `snapshot`).
     pub snapshots: SnapshotCoordinator,
+    /// The ledger the projections follow.
+    store: EventStore,
+    /// The seq through which everything recorded by other nodes has been applied here
+    /// ([`Self::follow`]); 0 before its first step.
+    followed: Arc<AtomicU64>,
 }
 
 impl ControlState {
@@ -70,6 +78,8 @@ impl ControlState {
             RolloutRegistry::load_until(store.clone(), models.clone(), engines.clone(), upto_seq)
                 .await?;
         Ok(ControlState {
+            store: store.clone(),
+            followed: Arc::default(),
             corpora,
             policies,
             models,
@@ -96,13 +106,17 @@ impl ControlState {
         let mut failing = false;
         loop {
             let step = async {
+                // Everything committed by now is applied once the step succeeds.
+                let head = self.store.head().await?.map_or(0, |(seq, _)| seq);
                 self.models.follow_step(&mut models_after).await?;
                 self.corpora.follow_step(&mut corpora_after).await?;
                 self.policies.follow_step(&mut policies_after).await?;
                 self.engines.follow_step(&mut engines_after).await?;
                 self.snapshots
                     .follow_step(&self.corpora, &self.policies, &self.rollouts)
-                    .await
+                    .await?;
+                self.followed.fetch_max(head, Ordering::Relaxed);
+                Ok::<(), LedgerError>(())
             };
             match step.await {
                 Ok(_) if failing => {
@@ -121,6 +135,12 @@ impl ControlState {
                 _ = stop.changed() => return,
             }
         }
+    }
+
+    /// The seq through which the control plane recorded by other nodes is applied here
+    /// (reported with the heartbeat, so that a rollback can say where it is in force).
+    pub fn followed_through(&self) -> u64 {
+        self.followed.load(Ordering::Relaxed)
     }
 
     /// `origin` naming the snapshot in force, as every control event must.

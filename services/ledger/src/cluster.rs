@@ -296,6 +296,8 @@ pub struct NodeState {
     pub heartbeat_at: DateTime<Utc>,
     /// Milliseconds since its last heartbeat, by the database's clock.
     pub silent_ms: u64,
+    /// The seq through which it has applied the control plane recorded on the ledger.
+    pub control_seq: u64,
 }
 
 impl EventStore {
@@ -307,22 +309,25 @@ impl EventStore {
         grpc_address: &str,
         version: &str,
         started_at: DateTime<Utc>,
+        control_seq: u64,
     ) -> Result<(), LedgerError> {
         let Some(pool) = self.postgres_pool() else {
             return Ok(());
         };
         sqlx::query(
-            "INSERT INTO cluster_nodes (node_id, http_address, grpc_address, version, started_at, heartbeat_at) \
-             VALUES ($1, $2, $3, $4, $5, clock_timestamp()) \
+            "INSERT INTO cluster_nodes (node_id, http_address, grpc_address, version, started_at, heartbeat_at, control_seq) \
+             VALUES ($1, $2, $3, $4, $5, clock_timestamp(), $6) \
              ON CONFLICT (node_id) DO UPDATE SET http_address = EXCLUDED.http_address, \
                grpc_address = EXCLUDED.grpc_address, version = EXCLUDED.version, \
-               started_at = EXCLUDED.started_at, heartbeat_at = clock_timestamp()",
+               started_at = EXCLUDED.started_at, heartbeat_at = clock_timestamp(), \
+               control_seq = EXCLUDED.control_seq",
         )
         .bind(node_id)
         .bind(http_address)
         .bind(grpc_address)
         .bind(version)
         .bind(started_at)
+        .bind(i64::try_from(control_seq).unwrap_or(i64::MAX))
         .execute(pool)
         .await?;
         Ok(())
@@ -342,10 +347,12 @@ impl EventStore {
             started_at: DateTime<Utc>,
             heartbeat_at: DateTime<Utc>,
             silent_ms: f64,
+            control_seq: i64,
         }
         let rows: Vec<Row> = sqlx::query_as(
             "SELECT node_id, http_address, grpc_address, version, started_at, heartbeat_at, \
-               EXTRACT(EPOCH FROM clock_timestamp() - heartbeat_at)::float8 * 1000 AS silent_ms \
+               EXTRACT(EPOCH FROM clock_timestamp() - heartbeat_at)::float8 * 1000 AS silent_ms, \
+               control_seq \
              FROM cluster_nodes ORDER BY heartbeat_at DESC",
         )
         .fetch_all(pool)
@@ -360,6 +367,7 @@ impl EventStore {
                 started_at: r.started_at,
                 heartbeat_at: r.heartbeat_at,
                 silent_ms: r.silent_ms.max(0.0) as u64,
+                control_seq: u64::try_from(r.control_seq).unwrap_or(0),
             })
             .collect())
     }
