@@ -214,6 +214,33 @@ async fn nodes_share_one_signer_and_the_checkpointer_fails_over() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Every singleton duty gets exactly one live holder.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let view = cluster(&node_b).await;
+        let duties: Vec<Value> = view["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|n| n["duties"].as_array().unwrap().clone())
+            .collect();
+        let held = |duty: &str| duties.iter().filter(|d| *d == duty).count();
+        let all = [
+            "checkpointer",
+            "rollout-controller",
+            "lineage-openlineage",
+            "lineage-delta",
+        ];
+        assert!(
+            all.iter().all(|d| held(d) <= 1),
+            "a duty held twice: {view}"
+        );
+        if all.iter().all(|d| held(d) == 1) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "a duty without a holder: {view}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let (_, first_token) = wait_for_holder(&node_b, "node-a").await;
     for n in 0..10 {
         append(if n % 2 == 0 { &node_a } else { &node_b }, n).await;

@@ -26,10 +26,17 @@ pub fn channel() -> (ObservationSender, mpsc::Receiver<RolloutObservation>) {
     mpsc::channel(CHANNEL)
 }
 
+/// The lease under which one node of a cluster runs the rollout controllers.
+pub const ROLLOUT_LEASE: &str = "rollout-controller";
+
+/// Supervises the controllers while this node holds `lease` (on SQLite: always). Without
+/// it, observations are read and let go and no controller runs: one node decides for each
+/// rollout, so two controllers never race to step or roll back the same one.
 pub async fn run(
     store: EventStore,
     control: ControlState,
     mut observations: mpsc::Receiver<RolloutObservation>,
+    lease: aether_ledger::cluster::HeldLease,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut running: HashMap<String, RolloutController> = HashMap::new();
@@ -43,6 +50,14 @@ pub async fn run(
             _ = stop.changed() => break,
             Some(observation) = observations.recv() => feed(&mut running, observation),
             _ = tick.tick() => {
+                if lease.token().is_none() {
+                    if !running.is_empty() {
+                        tracing::info!("another node runs the rollout controllers now");
+                        running.clear();
+                        failed.clear();
+                    }
+                    continue;
+                }
                 let origin = control.under_snapshot(aether_control::Origin::from("aether:rollout-controller"));
                 if let Err(e) = control.rollouts.resume_due(chrono::Utc::now(), &origin).await {
                     tracing::error!(error = %e, "cannot resume a timed pause");

@@ -335,10 +335,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Automated rollouts: the gateway reports each routed request, the supervisor runs a
     // controller per rollout.
     let (observations, observed) = crate::rollout_supervisor::channel();
+    let (rollout_lease, rollout_lease_task) = crate::cluster::lease(
+        &store,
+        &args.cluster,
+        crate::rollout_supervisor::ROLLOUT_LEASE,
+        &node_id,
+        lease_stop_rx.clone(),
+    );
     let supervisor = tokio::spawn(crate::rollout_supervisor::run(
         store.clone(),
         control.clone(),
         observed,
+        rollout_lease,
         stop_rx.clone(),
     ));
     let (grpc_stop_tx, grpc_stop_rx) = tokio::sync::watch::channel(false);
@@ -488,6 +496,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // The duties' last writes are done: give the leases up so another node takes over now.
     let _ = lease_stop_tx.send(true);
     let _ = checkpointer_lease_task.await;
+    let _ = rollout_lease_task.await;
     let _ = heartbeat.await;
     follower.abort();
     // Only the relays this node runs are waited for (another node's resume from the
