@@ -758,3 +758,59 @@ async fn a_rollback_through_one_node_is_in_force_on_the_other() {
     assert!(node_b.terminate().success());
     db.drop_database().await;
 }
+
+/// An engine activation that another live node is running is its business: a node that
+/// starts meanwhile leaves it alone. Once that node is down, the next node to start closes
+/// it as interrupted, as a single node does after its own restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_starting_node_leaves_another_live_nodes_activation_alone() {
+    use aether_e2e::clearing::get;
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let node_a = node(&dir.path().join("a"), &db, "node-a", None);
+    let key = dir.path().join("a").join("keys").join(PRIVATE_KEY_FILE);
+    // node-a is in the middle of an activation (its request recorded, no outcome yet).
+    let store = aether_ledger::EventStore::connect(&db.url, Default::default())
+        .await
+        .unwrap();
+    store
+        .append(
+            "engine/zz",
+            aether_ledger::ExpectedVersion::NoStream,
+            vec![
+                aether_ledger::NewEvent::new(
+                    "EngineActivationRequested",
+                    json!({"model_ref": "slow@zz", "traffic_weight": 1.0, "policy_hooks": []}),
+                )
+                .with_metadata(json!({"actor": "test", "node": "node-a"})),
+            ],
+        )
+        .await
+        .unwrap();
+    store.shutdown().await;
+    let status = |engines: &Value| {
+        engines["engines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["region"] == "zz")
+            .map(|e| e["status"].clone())
+    };
+
+    let node_b = node(&dir.path().join("b"), &db, "node-b", Some(&key));
+    assert_eq!(
+        status(&get(&node_b, "/v1/engines").await),
+        Some(json!("activating"))
+    );
+    assert!(node_b.terminate().success());
+
+    // node-a goes away; past the time a silent node is presumed down, node-b starts again
+    // and closes the activation nobody runs any more.
+    assert!(node_a.terminate().success());
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let node_b = node(&dir.path().join("b"), &db, "node-b", Some(&key));
+    let engines = get(&node_b, "/v1/engines").await;
+    assert_eq!(status(&engines), Some(json!("failed")), "{engines}");
+    assert!(node_b.terminate().success());
+    db.drop_database().await;
+}

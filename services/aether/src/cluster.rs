@@ -275,6 +275,20 @@ pub fn heartbeat(
 /// A node not heard from for longer is presumed down: a rollback does not wait for it.
 const PRESUMED_DOWN_AFTER: Duration = Duration::from_secs(5);
 
+/// The other nodes of the cluster heard from within [`PRESUMED_DOWN_AFTER`].
+pub async fn live_others(
+    store: &EventStore,
+    this_node: &str,
+) -> anyhow::Result<std::collections::HashSet<String>> {
+    Ok(store
+        .nodes()
+        .await?
+        .into_iter()
+        .filter(|n| n.node_id != this_node && n.silent_ms < PRESUMED_DOWN_AFTER.as_millis() as u64)
+        .map(|n| n.node_id)
+        .collect())
+}
+
 /// Where a control event at `seq` (a rollback) is in force: this node, and every other
 /// live node (heard from within [`PRESUMED_DOWN_AFTER`]) whose follower has applied it,
 /// waiting up to `patience` for them; the live nodes that have not are `lagging`.

@@ -322,9 +322,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             .clone()
             .follow(Duration::from_millis(200), stop_rx.clone()),
     );
+    // An activation another live node runs is its own, not one this node's restart cut.
+    control.engines.set_node(&node_id);
+    let running_elsewhere = crate::cluster::live_others(&store, &node_id).await?;
     let interrupted = control
         .engines
-        .fail_interrupted(control.snapshots.in_force())
+        .fail_interrupted(control.snapshots.in_force(), &running_elsewhere)
         .await?;
     if interrupted > 0 {
         tracing::warn!(

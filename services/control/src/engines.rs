@@ -63,6 +63,9 @@ pub struct EngineState {
     /// Event id of the activation request (the correlation id of its steps).
     pub activation_id: String,
     pub stream_version: u64,
+    /// The node of the cluster that runs (or ran) the activation, when it said.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +100,8 @@ pub struct EngineRegistry {
     /// how [`Self::follow_step`] tells this node's own events from other nodes' and sees an
     /// event that arrives out of order.
     applied: Arc<std::sync::Mutex<Applied>>,
+    /// This node's id in its cluster, recorded with each activation it runs.
+    node: Arc<RwLock<Option<String>>>,
 }
 
 #[derive(Default, Clone)]
@@ -129,6 +134,7 @@ impl EngineRegistry {
             policies,
             engines: Arc::default(),
             applied: Arc::default(),
+            node: Arc::default(),
         };
         let [own, foreign @ ..] = Self::filters(upto_seq);
         merged(&registry.store, &own, &foreign, |e| registry.apply(e)).await?;
@@ -140,6 +146,14 @@ impl EngineRegistry {
             .read()
             .map(|m| m.values().cloned().collect())
             .unwrap_or_default()
+    }
+
+    /// Names this node in the activations it runs, so that another node starting while one
+    /// runs does not close it as interrupted ([`Self::fail_interrupted`]).
+    pub fn set_node(&self, node_id: &str) {
+        if let Ok(mut node) = self.node.write() {
+            *node = Some(node_id.to_owned());
+        }
     }
 
     pub fn engine(&self, region: &str) -> Option<EngineState> {
@@ -274,6 +288,9 @@ impl EngineRegistry {
                         failure: None,
                         activation_id: event.event_id.to_string(),
                         stream_version: event.stream_version,
+                        node: serde_json::from_str::<Value>(event.metadata.get())
+                            .ok()
+                            .and_then(|m| m["node"].as_str().map(str::to_owned)),
                     },
                 );
             }
@@ -372,11 +389,15 @@ impl EngineRegistry {
             });
         }
         let expected = ExpectedVersion::Exact(current.map_or(0, |e| e.stream_version));
+        let mut metadata = origin.metadata(json!({}));
+        if let Some(node) = self.node.read().ok().and_then(|n| n.clone()) {
+            metadata["node"] = json!(node);
+        }
         let event = NewEvent::new(
             ACTIVATION_REQUESTED,
             serde_json::to_value(&request).unwrap_or_default(),
         )
-        .with_metadata(origin.metadata(json!({})));
+        .with_metadata(metadata);
         let committed = self.append(&region, expected, event).await?;
         let runner = self.clone();
         let origin = origin.clone();
@@ -506,11 +527,17 @@ impl EngineRegistry {
     pub async fn fail_interrupted(
         &self,
         snapshot_id: Option<String>,
+        running_elsewhere: &std::collections::HashSet<String>,
     ) -> Result<usize, EngineError> {
         let stuck: Vec<EngineState> = self
             .engines()
             .into_iter()
             .filter(|e| e.status == EngineStatus::Activating)
+            .filter(|e| {
+                e.node
+                    .as_ref()
+                    .is_none_or(|n| !running_elsewhere.contains(n))
+            })
             .collect();
         for e in &stuck {
             let event = NewEvent::new(

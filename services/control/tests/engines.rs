@@ -231,7 +231,13 @@ async fn scenario(url: &str, dir: &std::path::Path) {
             .await,
         Err(EngineError::Busy { .. })
     ));
-    assert_eq!(reloaded.fail_interrupted(None).await.unwrap(), 1);
+    assert_eq!(
+        reloaded
+            .fail_interrupted(None, &Default::default())
+            .await
+            .unwrap(),
+        1
+    );
     assert_eq!(
         reloaded.engine("apac-region").unwrap().status,
         EngineStatus::Failed
