@@ -107,6 +107,11 @@ pub async fn activate_with_model_uri(server: &Server, model_uri: &str) {
 pub async fn ingest_aml_v2(server: &Server) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let policy = std::fs::read_to_string(root.join("services/rules/policies/aml_v2.yaml")).unwrap();
+    ingest_policy(server, policy).await;
+}
+
+/// Ingests a policy's YAML through `server`, as the operator; it must be accepted (201).
+pub async fn ingest_policy(server: &Server, policy: impl Into<reqwest::Body>) {
     let resp = http()
         .post(server.url("/v1/policy/ingest"))
         .bearer_auth(OPERATOR_TOKEN)

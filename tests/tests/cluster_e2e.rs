@@ -694,15 +694,7 @@ async fn a_rollback_through_one_node_is_in_force_on_the_other() {
     let policy = "name: cluster_extra\nversion: 1.0.0\nrules:\n  - id: huge\n    \
                   expression: request.amount_minor >= 900000000\n    action: hold\n    \
                   severity: low\n";
-    let resp = http()
-        .post(node_a.url("/v1/policy/ingest"))
-        .bearer_auth(OPERATOR_TOKEN)
-        .header("content-type", "application/yaml")
-        .body(policy)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 201);
+    aether_e2e::clearing::ingest_policy(&node_a, policy).await;
     let changed = get(&node_a, "/v1/policies").await["rule_set_digest"].clone();
     assert_ne!(changed, snapshot_rules);
     wait_for_value(&node_b, "/v1/policies", "rule_set_digest", &changed).await;
