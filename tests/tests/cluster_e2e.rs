@@ -590,6 +590,8 @@ fn a_short_chaos_run_loses_and_doubles_nothing() {
         "every acknowledged event is in the ledger exactly once",
         "every acknowledged policy version is in the ledger exactly once",
         "every acknowledged decision is in the ledger exactly once",
+        "every acknowledged snapshot is in the ledger exactly once",
+        "every acknowledged rollback is in the ledger exactly once",
         "aether verify: OK with the one cluster key",
         "each once",
         "every event has its OpenLineage record and Delta version",

@@ -1,8 +1,8 @@
 //! `aether cluster chaos`: a cluster of real `aether serve` nodes on one scratch PostgreSQL
 //! database (and, with `s3s-fs`, the Delta tables on an S3-compatible server), under
-//! clearing, event and policy load through every node, with a random node SIGKILLed and
+//! clearing, event, policy, snapshot and rollback load through every node, with a random node SIGKILLed and
 //! restarted every few seconds. At the end it checks what a clearing house would: every
-//! acknowledged event, policy version and decision present exactly once, `aether verify`
+//! acknowledged event, policy version, decision, snapshot and rollback present exactly once, `aether verify`
 //! OK with the one cluster key, the Delta `events` table equal to the ledger, every
 //! OpenLineage record written; and it reports how long each duty was unowned after its
 //! holder was killed. Exit status 1 when a check fails.
@@ -59,7 +59,12 @@ pub struct ChaosArgs {
 const OPERATOR: &str = "chaos-operator-token-0000000000000";
 const REGULATOR: &str = "chaos-regulator-token-000000000000";
 /// The duties whose unowned time is reported.
-const DUTIES: [&str; 3] = ["checkpointer", "lineage-openlineage", "lineage-delta"];
+const DUTIES: [&str; 4] = [
+    "checkpointer",
+    "lineage-openlineage",
+    "lineage-delta",
+    "rollout-controller",
+];
 const POLICY: &str = "chaos_load";
 
 /// A node's addresses while it runs.
@@ -76,6 +81,9 @@ struct Shared {
     events: Vec<String>,
     policies: Vec<String>,
     decisions: Vec<String>,
+    /// Snapshot ids committed, and the seqs of the rollbacks answered.
+    snapshots: Vec<String>,
+    rollbacks: Vec<u64>,
     retries: u64,
 }
 
@@ -267,6 +275,7 @@ async fn chaos(args: &ChaosArgs, url: &str, tmp: &Path) -> anyhow::Result<Vec<St
     let loads = vec![
         tokio::spawn(event_load(state.clone(), deadline, seed ^ 1)),
         tokio::spawn(policy_load(state.clone(), deadline, seed ^ 2)),
+        tokio::spawn(snapshot_load(state.clone(), deadline, seed ^ 5)),
         tokio::spawn(clearing_load(state.clone(), deadline, seed ^ 3, pki)),
     ];
     let (views_stop, views_rx) = tokio::sync::watch::channel(false);
@@ -402,6 +411,50 @@ async fn policy_load(state: State, deadline: Instant, seed: u64) -> anyhow::Resu
                 record(&state, |s| s.retries += 1);
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
+        }
+    }
+    Ok(())
+}
+
+/// A snapshot every 3 s through a random node, and a rollback to it through another after
+/// the next policy versions: the two-phase snapshot and the rollback under kills too.
+async fn snapshot_load(state: State, deadline: Instant, seed: u64) -> anyhow::Result<()> {
+    let mut rng = SplitMix(seed);
+    let mut last: Option<String> = None;
+    let mut cycle = 0u64;
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let Some((_, node)) = pick(&state, &mut rng) else {
+            continue;
+        };
+        cycle += 1;
+        match (&last, cycle % 2) {
+            (Some(id), 0) => {
+                let body = json!({"snapshot_id": id, "reason": "chaos: back to the last snapshot"});
+                match post_json(&node.http, "/v1/rollback", OPERATOR, &body).await {
+                    Ok((200, answer)) => {
+                        let seq = serde_json::from_str::<Value>(&answer)
+                            .ok()
+                            .and_then(|a| a["seq"].as_u64());
+                        if let Some(seq) = seq {
+                            record(&state, |s| s.rollbacks.push(seq));
+                        }
+                    }
+                    _ => record(&state, |s| s.retries += 1),
+                }
+            }
+            _ => match post_json(&node.http, "/v1/snapshots", OPERATOR, &json!({})).await {
+                Ok((201, answer)) => {
+                    let id = serde_json::from_str::<Value>(&answer)
+                        .ok()
+                        .and_then(|a| a["id"].as_str().map(str::to_owned));
+                    if let Some(id) = id {
+                        record(&state, |s| s.snapshots.push(id.clone()));
+                        last = Some(id);
+                    }
+                }
+                _ => record(&state, |s| s.retries += 1),
+            },
         }
     }
     Ok(())
@@ -578,7 +631,7 @@ async fn check(
     let pool = store
         .postgres_pool()
         .context("the chaos run's ledger is PostgreSQL")?;
-    let (events, policies, decisions, retries) = {
+    let (events, policies, decisions, snapshots, rollbacks, retries) = {
         let s = state
             .lock()
             .map_err(|_| anyhow::anyhow!("load state poisoned"))?;
@@ -586,14 +639,18 @@ async fn check(
             s.events.clone(),
             s.policies.clone(),
             s.decisions.clone(),
+            s.snapshots.clone(),
+            s.rollbacks.clone(),
             s.retries,
         )
     };
     println!(
-        "load: {} events, {} policy versions, {} decisions acknowledged ({retries} calls retried at another node)",
+        "load: {} events, {} policy versions, {} decisions, {} snapshots, {} rollbacks acknowledged ({retries} calls retried at another node)",
         events.len(),
         policies.len(),
-        decisions.len()
+        decisions.len(),
+        snapshots.len(),
+        rollbacks.len()
     );
 
     let counts = |rows: Vec<(String, i64)>| rows.into_iter().collect::<HashMap<String, i64>>();
@@ -621,10 +678,29 @@ async fn check(
         .fetch_all(pool)
         .await?,
     );
+    let stored_snapshots = counts(
+        sqlx::query_as(
+            "SELECT payload::jsonb ->> 'id', count(*) FROM events \
+             WHERE stream_id = 'snapshot' AND event_type = 'SnapshotCommitted' GROUP BY 1",
+        )
+        .fetch_all(pool)
+        .await?,
+    );
+    let stored_rollbacks = counts(
+        sqlx::query_as(
+            "SELECT seq::text, count(*) FROM events \
+             WHERE stream_id = 'snapshot' AND event_type = 'RolledBack' GROUP BY 1",
+        )
+        .fetch_all(pool)
+        .await?,
+    );
+    let rollbacks: Vec<String> = rollbacks.iter().map(u64::to_string).collect();
     for (what, acked, stored) in [
         ("event", &events, &stored_events),
         ("policy version", &policies, &stored_policies),
         ("decision", &decisions, &stored_decisions),
+        ("snapshot", &snapshots, &stored_snapshots),
+        ("rollback", &rollbacks, &stored_rollbacks),
     ] {
         let wrong: Vec<String> = acked
             .iter()
