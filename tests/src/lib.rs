@@ -183,6 +183,18 @@ pub fn http() -> reqwest::Client {
         .expect("http client")
 }
 
+/// The server's Prometheus text (`GET /metrics`).
+pub async fn metrics(server: &Server) -> String {
+    http()
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 /// Every event of the ledger as `GET /v1/events` pages them, read as the regulator.
 pub async fn all_events(server: &Server) -> Vec<serde_json::Value> {
     let client = http();

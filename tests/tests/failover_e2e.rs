@@ -236,16 +236,10 @@ async fn regulators_read_from_the_replica_and_proofs_never_outrun_it() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let metrics = http()
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
     assert!(
-        metrics.contains("aether_audit_replica_behind_total"),
+        aether_e2e::metrics(&server)
+            .await
+            .contains("aether_audit_replica_behind_total"),
         "the export did not go to the primary"
     );
 

@@ -427,14 +427,7 @@ async fn http_api_refuses_bad_requests_precisely_and_writes_nothing() {
         .unwrap();
     assert_eq!(event["stream_id"], "b");
     assert_eq!(event["payload"], json!({"k": 2}));
-    let metrics = client
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = aether_e2e::metrics(&server).await;
     assert!(
         metrics.contains("aether_ledger_events_appended_total 2"),
         "{metrics}"
