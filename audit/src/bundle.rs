@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use aether_ledger::SignedCheckpoint;
 use aether_ledger::event::RecordedEvent;
 use aether_ledger::hashing::{self, Hash};
+use aether_ledger::key_rotation::KeyRotation;
 use aether_ledger::merkle::{MerkleProofs, ProofError};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -59,7 +60,7 @@ pub enum BundleError {
     #[error("checkpoint {index} has tree size 0; a checkpoint must cover at least one event")]
     EmptyCheckpoint { index: usize },
     #[error(
-        "checkpoint {index} is signed by key {found}, the anchor by {expected}; a bundle has one signer"
+        "checkpoint {index} is signed by key {found}, but the key in force at its tree size is {expected}"
     )]
     MixedSigners {
         index: usize,
@@ -73,6 +74,14 @@ pub enum BundleError {
         tree_size: u64,
         claimed: String,
         computed: String,
+    },
+    #[error(
+        "key rotation {index} hands over from key {found}, but the key in force then is {expected}"
+    )]
+    BrokenKeyChain {
+        index: usize,
+        expected: String,
+        found: String,
     },
     #[error("event seq {seq} lies beyond the anchor checkpoint's tree size {anchor_tree_size}")]
     EventBeyondAnchor { seq: u64, anchor_tree_size: u64 },
@@ -118,9 +127,18 @@ pub struct Bundle {
     pub created_at: DateTime<Utc>,
     /// What was asked for (a JSON object); free form, not authenticated.
     pub filters: serde_json::Value,
-    /// The checkpoint signer's SM2 public key: SEC1 uncompressed, lowercase hex.
+    /// The SM2 public key the signatures are checked from (SEC1 uncompressed, lowercase
+    /// hex): the checkpoints' signer, or with key rotations the key before the first.
     #[serde(deserialize_with = "strict::lower_hex_string")]
     pub public_key: String,
+    /// `CheckpointKeyRotated` payloads in ascending tree size, each below the anchor's: the
+    /// chain from `public_key` to the key that signed the anchor. Absent when none.
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "strict::key_rotations"
+    )]
+    pub key_rotations: Vec<KeyRotation>,
     /// Signed tree heads in strictly ascending tree size; the last is the anchor.
     #[serde(deserialize_with = "strict::checkpoints")]
     pub checkpoints: Vec<SignedCheckpoint>,
@@ -203,9 +221,24 @@ impl Bundle {
     /// and that every event lies within the anchor. It does not check signatures or event
     /// hashes: [`crate::offline::verify_bundle`] does, on the result.
     pub fn build(
+        events: Vec<RecordedEvent>,
+        tree: &(impl MerkleProofs + ?Sized),
+        checkpoints: Vec<SignedCheckpoint>,
+        filters: serde_json::Value,
+        created_at: DateTime<Utc>,
+    ) -> Result<Bundle, BundleError> {
+        Self::build_rotated(events, tree, checkpoints, Vec::new(), filters, created_at)
+    }
+
+    /// [`build`](Self::build) for a ledger whose checkpoint key was rotated: `rotations` are
+    /// the ledger's `CheckpointKeyRotated` payloads in order; those below the anchor go in
+    /// the bundle, and `public_key` is the key before the first of them, so a verifier
+    /// that trusts the ledger's first key follows the chain to the anchor's signer.
+    pub fn build_rotated(
         mut events: Vec<RecordedEvent>,
         tree: &(impl MerkleProofs + ?Sized),
         checkpoints: Vec<SignedCheckpoint>,
+        mut rotations: Vec<KeyRotation>,
         filters: serde_json::Value,
         created_at: DateTime<Utc>,
     ) -> Result<Bundle, BundleError> {
@@ -215,7 +248,31 @@ impl Bundle {
         let Some(anchor) = checkpoints.last() else {
             return Err(BundleError::NoCheckpoints);
         };
-        let public_key = anchor.public_key.clone();
+        rotations.retain(|r| r.tree_size < anchor.tree_size);
+        let public_key = rotations
+            .first()
+            .map_or_else(|| anchor.public_key.clone(), |r| r.previous_key.clone());
+        for (index, pair) in rotations.windows(2).enumerate() {
+            if let [before, after] = pair
+                && after.previous_key != before.new_key
+            {
+                return Err(BundleError::BrokenKeyChain {
+                    index: index + 1,
+                    expected: before.new_key.clone(),
+                    found: after.previous_key.clone(),
+                });
+            }
+        }
+        for rotation in &rotations {
+            let computed = tree.root_at(rotation.tree_size)?;
+            if computed != rotation.root_hash {
+                return Err(BundleError::CheckpointRootMismatch {
+                    tree_size: rotation.tree_size,
+                    claimed: hex::encode(rotation.root_hash),
+                    computed: hex::encode(computed),
+                });
+            }
+        }
         let mut previous: Option<u64> = None;
         for (index, checkpoint) in checkpoints.iter().enumerate() {
             if checkpoint.tree_size == 0 {
@@ -231,10 +288,11 @@ impl Bundle {
                 });
             }
             previous = Some(checkpoint.tree_size);
-            if checkpoint.public_key != public_key {
+            let in_force = key_in_force(&public_key, &rotations, checkpoint.tree_size);
+            if checkpoint.public_key != in_force {
                 return Err(BundleError::MixedSigners {
                     index,
-                    expected: public_key,
+                    expected: in_force.to_owned(),
                     found: checkpoint.public_key.clone(),
                 });
             }
@@ -287,6 +345,7 @@ impl Bundle {
             created_at,
             filters,
             public_key,
+            key_rotations: rotations,
             checkpoints,
             consistency,
             events: bundle_events,
@@ -385,6 +444,11 @@ impl Bundle {
                 bundle.checkpoints.len(),
                 limits.max_checkpoints,
             ),
+            (
+                "key rotations",
+                bundle.key_rotations.len(),
+                limits.max_checkpoints,
+            ),
         ] {
             if count > limit {
                 return Err(BundleError::TooManyRecords { what, count, limit });
@@ -437,7 +501,7 @@ fn probe_format(bytes: &[u8]) -> Option<String> {
 /// strings are lowercase hex, checkpoints have no unknown members. Writing uses the plain
 /// encodings, which are all lowercase.
 mod strict {
-    use super::{Hash, SignedCheckpoint};
+    use super::{Hash, KeyRotation, SignedCheckpoint};
     use serde::de::Error;
     use serde::{Deserialize, Deserializer, Serializer};
 
@@ -507,6 +571,39 @@ mod strict {
         public_key: String,
     }
 
+    /// A key rotation as it must appear in a bundle.
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Rotation {
+        tree_size: u64,
+        #[serde(with = "hash")]
+        root_hash: Hash,
+        rotated_at: String,
+        #[serde(deserialize_with = "lower_hex_string")]
+        previous_key: String,
+        #[serde(deserialize_with = "lower_hex_string")]
+        new_key: String,
+        #[serde(deserialize_with = "lower_hex_string")]
+        signature: String,
+        #[serde(deserialize_with = "lower_hex_string")]
+        new_key_signature: String,
+    }
+
+    pub fn key_rotations<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<KeyRotation>, D::Error> {
+        Ok(Vec::<Rotation>::deserialize(d)?
+            .into_iter()
+            .map(|r| KeyRotation {
+                tree_size: r.tree_size,
+                root_hash: r.root_hash,
+                rotated_at: r.rotated_at,
+                previous_key: r.previous_key,
+                new_key: r.new_key,
+                signature: r.signature,
+                new_key_signature: r.new_key_signature,
+            })
+            .collect())
+    }
+
     pub fn checkpoints<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<SignedCheckpoint>, D::Error> {
         Ok(Vec::<Checkpoint>::deserialize(d)?
             .into_iter()
@@ -522,3 +619,13 @@ mod strict {
 }
 
 pub use strict::parse_hash;
+
+/// The key that signs checkpoints of `tree_size` events: `first`, after every rotation
+/// made at a smaller tree size (rotations in ascending order, a chain from `first`).
+pub fn key_in_force<'a>(first: &'a str, rotations: &'a [KeyRotation], tree_size: u64) -> &'a str {
+    rotations
+        .iter()
+        .take_while(|r| r.tree_size < tree_size)
+        .last()
+        .map_or(first, |r| r.new_key.as_str())
+}

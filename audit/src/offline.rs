@@ -10,12 +10,13 @@ use std::path::Path;
 
 use aether_ledger::checkpoint::CheckpointVerifier;
 use aether_ledger::hashing::{self, GENESIS_PREV_HASH, HashedFields};
+use aether_ledger::key_rotation::KeyRotation;
 use aether_ledger::merkle::{verify_consistency, verify_inclusion};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::bundle::{Bundle, BundleError, BundleEvent, FORMAT, ReadLimits};
+use crate::bundle::{Bundle, BundleError, BundleEvent, FORMAT, ReadLimits, key_in_force};
 
 /// What kind of check failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -26,6 +27,9 @@ pub enum ProblemKind {
     Format,
     /// A checkpoint is missing, malformed, signed by another key or badly signed.
     Checkpoint,
+    /// A key rotation does not continue the chain of keys, is out of order, or is badly
+    /// signed by either key.
+    KeyRotation,
     /// Checkpoints are not in strictly ascending tree size, or one covers no event.
     CheckpointOrder,
     /// A consistency proof is missing, for the wrong sizes, or does not verify.
@@ -75,6 +79,8 @@ pub struct Verdict {
     pub ok: bool,
     pub events_checked: u64,
     pub checkpoints_checked: u64,
+    /// Checkpoint key rotations followed from `public_key` to the anchor's signer.
+    pub key_rotations_checked: u64,
     /// Tree size of the anchor (last) checkpoint, if the bundle has one.
     pub anchor_tree_size: Option<u64>,
     /// Root hash of the anchor checkpoint, lowercase hex.
@@ -103,6 +109,13 @@ impl fmt::Display for Verdict {
             "  {} event(s), {} checkpoint(s) checked",
             self.events_checked, self.checkpoints_checked
         )?;
+        if self.key_rotations_checked > 0 {
+            writeln!(
+                f,
+                "  {} checkpoint key rotation(s) followed",
+                self.key_rotations_checked
+            )?;
+        }
         if let (Some(size), Some(root)) = (self.anchor_tree_size, &self.anchor_root_hash) {
             writeln!(f, "  anchor: tree size {size}, root {root}")?;
         }
@@ -152,9 +165,24 @@ pub fn verify_bundle_with_progress(
     let total = (bundle.checkpoints.len() + bundle.events.len()) as u64;
     let mut check = Checker::default();
     let (signer, signer_trusted, key_fingerprint) = check.signer(bundle, trusted_key);
+    check.key_rotations(bundle);
+    // The chain of keys the checkpoints are checked against: from the bundle's first key
+    // through its rotations, unless the trusted key is not in that chain, in which case
+    // every checkpoint must be the trusted key's own.
+    let trusted_hex = trusted_key.map(CheckpointVerifier::public_key_hex);
+    let chain = match (&signer, &trusted_hex) {
+        (None, _) => None,
+        (Some(_), Some(trusted))
+            if *trusted != bundle.public_key
+                && !bundle.key_rotations.iter().any(|r| r.new_key == *trusted) =>
+        {
+            Some((trusted.as_str(), &[][..]))
+        }
+        (Some(_), _) => Some((bundle.public_key.as_str(), &bundle.key_rotations[..])),
+    };
     let mut done = 0;
     progress(done, total);
-    check.checkpoints(bundle, signer.as_ref(), |_| {
+    check.checkpoints(bundle, chain, |_| {
         done += 1;
         progress(done, total);
     });
@@ -168,6 +196,7 @@ pub fn verify_bundle_with_progress(
         ok: check.problems.is_empty(),
         events_checked: bundle.events.len() as u64,
         checkpoints_checked: bundle.checkpoints.len() as u64,
+        key_rotations_checked: bundle.key_rotations.len() as u64,
         anchor_tree_size: anchor.map(|a| a.tree_size),
         anchor_root_hash: anchor.map(|a| hex::encode(a.root_hash)),
         signer_trusted,
@@ -221,7 +250,12 @@ impl Checker {
         match trusted_key {
             Some(key) => {
                 let trusted = key.public_key_hex();
-                if bundle.public_key != trusted {
+                // The trusted key may be the first of the chain or any key it was rotated
+                // to: each rotation is signed by its new key too, which so vouches for the
+                // keys before it.
+                let in_chain = bundle.public_key == trusted
+                    || bundle.key_rotations.iter().any(|r| r.new_key == trusted);
+                if !in_chain {
                     self.problem(
                         None,
                         ProblemKind::Format,
@@ -252,11 +286,48 @@ impl Checker {
         }
     }
 
-    /// Steps 2 and 3: each checkpoint's signature; strictly ascending, non-zero tree sizes.
+    /// Step 1a: the key rotations chain from `public_key`, each signed by both keys, in
+    /// strictly ascending tree size below the anchor's.
+    fn key_rotations(&mut self, bundle: &Bundle) {
+        let mut in_force = bundle.public_key.as_str();
+        let mut previous: Option<u64> = None;
+        let anchor = bundle.anchor().map(|a| a.tree_size);
+        for (index, rotation) in bundle.key_rotations.iter().enumerate() {
+            let size = rotation.tree_size;
+            let mut fail = |what: String| {
+                self.problems.push(Problem {
+                    seq: None,
+                    kind: ProblemKind::KeyRotation,
+                    what: format!("key rotation {index} (tree size {size}): {what}"),
+                })
+            };
+            if rotation.previous_key != in_force {
+                fail(format!(
+                    "hands over from key fingerprint {}, but the key in force is {}",
+                    key_fingerprint(&rotation.previous_key).unwrap_or_default(),
+                    key_fingerprint(in_force).unwrap_or_default()
+                ));
+            }
+            if let Err(e) = rotation.verify() {
+                fail(e.to_string());
+            }
+            if previous.is_some_and(|p| size <= p) {
+                fail("not above the previous rotation's tree size".into());
+            }
+            if anchor.is_some_and(|a| size >= a) {
+                fail("not below the anchor checkpoint's tree size".into());
+            }
+            previous = Some(size);
+            in_force = &rotation.new_key;
+        }
+    }
+
+    /// Steps 2 and 3: each checkpoint's signature by the key in force at its tree size;
+    /// strictly ascending, non-zero tree sizes.
     fn checkpoints(
         &mut self,
         bundle: &Bundle,
-        signer: Option<&CheckpointVerifier>,
+        chain: Option<(&str, &[KeyRotation])>,
         mut tick: impl FnMut(usize),
     ) {
         if bundle.checkpoints.is_empty() {
@@ -269,8 +340,9 @@ impl Checker {
         let mut previous: Option<u64> = None;
         for (index, checkpoint) in bundle.checkpoints.iter().enumerate() {
             let size = checkpoint.tree_size;
-            if let Some(signer) = signer
-                && let Err(e) = signer.verify(checkpoint)
+            if let Some((first, rotations)) = chain
+                && let Err(e) = CheckpointVerifier::from_hex(key_in_force(first, rotations, size))
+                    .and_then(|signer| signer.verify(checkpoint))
             {
                 self.problem(
                     None,

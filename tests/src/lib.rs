@@ -149,6 +149,21 @@ impl Server {
         let _ = self.child.wait();
     }
 
+    /// Waits up to `limit` for the process to exit by itself; its status, or `None` if it
+    /// still runs.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// SIGTERM, then waits for a graceful exit.
     pub fn terminate(mut self) -> ExitStatus {
         let _ = Command::new("kill")

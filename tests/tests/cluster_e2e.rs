@@ -808,3 +808,183 @@ async fn a_starting_node_leaves_another_live_nodes_activation_alone() {
     assert!(node_b.terminate().success());
     db.drop_database().await;
 }
+
+/// The newest event of `event_type` whose payload's `member` is `value`, once there is one.
+async fn wait_for_event(server: &Server, event_type: &str, member: &str, value: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let events = all_events(server).await;
+        if let Some(e) = events
+            .iter()
+            .rev()
+            .find(|e| e["event_type"] == event_type && e["payload"][member] == value)
+        {
+            return e.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {event_type} with {member} {value}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The cluster's checkpoint key is rotated by the node that holds the new key and the
+/// previous one, once it holds the checkpointer lease; `aether verify` follows the rotation
+/// from the first key; a node started with the retired key is refused, and a running node
+/// that has only the retired key stops when the lease comes to it rather than sign.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_checkpoint_key_is_rotated_once_and_verify_follows_it() {
+    use aether_ledger::checkpoint::{CheckpointSigner, key_fingerprint};
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let node_a = node(&dir.path().join("a"), &db, "node-a", None);
+    let old_key = dir.path().join("a").join("keys").join(PRIVATE_KEY_FILE);
+    let old = CheckpointSigner::from_pem_file(&old_key).unwrap();
+    let (new, _) = CheckpointSigner::load_or_create(&dir.path().join("new-key")).unwrap();
+    let new_key = dir.path().join("new-key").join(PRIVATE_KEY_FILE);
+    wait_for_holder(&node_a, "node-a").await;
+    for n in 0..5 {
+        append(&node_a, n).await;
+    }
+    checkpoint_tokens_covering(&node_a, head(&node_a).await - 1).await;
+
+    // node-c has the old key only; node-b the new one and the old one.
+    let node_c = node(&dir.path().join("c"), &db, "node-c", Some(&old_key));
+    let shared = dir.path().join("delta");
+    let node_b = node_with(
+        &dir.path().join("b"),
+        &db,
+        "node-b",
+        Some(&new_key),
+        &[
+            ("AETHER_DELTA_URI", shared.to_str().unwrap()),
+            ("AETHER_PREVIOUS_CHECKPOINT_KEY", old_key.to_str().unwrap()),
+        ],
+    );
+    // The lease goes to node-b (node-c is paused meanwhile), which rotates, then signs.
+    signal(&node_c, "STOP");
+    node_a.kill();
+    wait_for_holder(&node_b, "node-b").await;
+    for n in 5..10 {
+        append(&node_b, n).await;
+    }
+    let rotation = wait_for_event(
+        &node_b,
+        "CheckpointKeyRotated",
+        "new_key",
+        &new.public_key_hex(),
+    )
+    .await;
+    assert_eq!(rotation["payload"]["previous_key"], old.public_key_hex());
+    assert_eq!(rotation["stream_id"], "ledger/checkpoint-keys");
+    assert!(rotation["metadata"]["fence"]["token"].is_u64(), "fenced");
+    wait_for_event(
+        &node_b,
+        "CheckpointSigned",
+        "public_key",
+        &new.public_key_hex(),
+    )
+    .await;
+
+    // A node started with the retired key alone is refused, naming both fingerprints.
+    let out = run_aether(
+        &[
+            "serve",
+            "--data-dir",
+            dir.path().join("a").to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--node-id",
+            "node-a",
+        ],
+        &[("DATABASE_URL", db.url.as_str())],
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&key_fingerprint(&old.public_key_hex()))
+            && stderr.contains(&key_fingerprint(&new.public_key_hex())),
+        "{stderr}"
+    );
+
+    // node-c wakes with the retired key; when the lease comes to it, it stops, signing
+    // nothing.
+    signal(&node_c, "CONT");
+    let mut node_c = node_c;
+    node_b.kill();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for n in 10..13 {
+        let _ = http()
+            .post(node_c.url("/v1/events"))
+            .bearer_auth(OPERATOR_TOKEN)
+            .json(&json!({"stream_id": format!("notes/{n}"), "events": [{"event_type": "Note", "payload": {"n": n}}]}))
+            .send()
+            .await;
+    }
+    let status = node_c
+        .wait_exit(Duration::from_secs(30))
+        .expect("node-c stops once it would have to sign with a retired key");
+    assert!(!status.success());
+    let log = std::fs::read_to_string(&node_c.log_path).unwrap();
+    assert!(log.contains("the key was rotated"), "{log}");
+
+    // A regulator's evidence bundle carries the rotation, and verifies offline from the
+    // first key.
+    let node_b = node(&dir.path().join("b"), &db, "node-b", Some(&new_key));
+    checkpoint_tokens_covering(&node_b, head(&node_b).await - 1).await;
+    let bundle: Value = http()
+        .post(node_b.url("/v1/audit/exports"))
+        .bearer_auth(aether_e2e::REGULATOR_TOKEN)
+        .json(&json!({"stream_prefix": "notes/"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(bundle["public_key"], old.public_key_hex(), "{bundle}");
+    assert_eq!(bundle["key_rotations"][0]["new_key"], new.public_key_hex());
+    let path = dir.path().join("evidence.json");
+    std::fs::write(&path, serde_json::to_vec(&bundle).unwrap()).unwrap();
+    let public = dir.path().join("a").join("keys").join(PUBLIC_KEY_FILE);
+    let out = run_aether(
+        &[
+            "audit",
+            "verify",
+            path.to_str().unwrap(),
+            "--public-key",
+            public.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("1 checkpoint key rotation(s) followed"),
+        "{stdout}"
+    );
+    assert!(node_b.terminate().success());
+
+    // One chain, verified from the first key through the rotation.
+    let out = run_aether(
+        &[
+            "verify",
+            "--public-key",
+            public.to_str().unwrap(),
+            "--data-dir",
+            dir.path().join("a").to_str().unwrap(),
+        ],
+        &[("DATABASE_URL", db.url.as_str())],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("1 key rotation(s)"), "{stdout}");
+    db.drop_database().await;
+}

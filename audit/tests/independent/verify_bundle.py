@@ -106,11 +106,33 @@ def main(path, trusted_hex=None):
     b = json.loads(open(path, "rb").read().decode("utf-8"), object_pairs_hook=no_dups)
     problems = []
     assert b["format"] == "aether.evidence-bundle.v1"
-    key = trusted_hex or b["public_key"]
-    if key != b["public_key"]: problems.append("bundle names another key")
+    first = b["public_key"]
+    rots = b.get("key_rotations", [])
+    chain = [first] + [r["new_key"] for r in rots]
+    key = trusted_hex or first
+    if key not in chain: problems.append("bundle names another key")
     print("fingerprint", hashlib.new("sm3", bytes.fromhex(key)).hexdigest(), "trusted" if trusted_hex else "NOT independently trusted")
     cps = b["checkpoints"]
     TIME = re.compile(r"^\d{4}-\d\d-\d\dT([01]\d|2[0-3]):[0-5]\d:[0-5]\d\.\d{6}Z$")  # no leap second
+    KEY = re.compile(r"^[0-9a-f]{130}$")
+    in_force = first
+    for i, r in enumerate(rots):
+        if not TIME.match(r["rotated_at"]) or not KEY.match(r["previous_key"]) or not KEY.match(r["new_key"]) \
+                or r["previous_key"] == r["new_key"]:
+            problems.append(f"key rotation {i} malformed"); continue
+        st = (f"aether.checkpoint-key-rotation.v1\n{r['tree_size']}\n{r['root_hash']}\n{r['rotated_at']}\n"
+              f"{r['previous_key']}\n{r['new_key']}\n").encode()
+        if r["previous_key"] != in_force: problems.append(f"key rotation {i} does not continue the chain")
+        if not sm2_verify(r["previous_key"], st, r["signature"]) or not sm2_verify(r["new_key"], st, r["new_key_signature"]):
+            problems.append(f"key rotation {i} signature")
+        if (i and r["tree_size"] <= rots[i-1]["tree_size"]) or r["tree_size"] >= cps[-1]["tree_size"]:
+            problems.append(f"key rotation {i} order")
+        in_force = r["new_key"]
+    def key_for(size):  # the key after every rotation made at a smaller tree size
+        k = first
+        for r in rots:
+            if r["tree_size"] < size: k = r["new_key"]
+        return k
     lineage = b.get("lineage")
     if lineage is not None and not (isinstance(lineage, list) and all(isinstance(r, dict) for r in lineage)):
         problems.append("lineage is not an array of objects")
@@ -118,7 +140,8 @@ def main(path, trusted_hex=None):
         if not isinstance(c["signed_at"], str) or not TIME.match(c["signed_at"]):
             problems.append(f"checkpoint {i} signed_at {c['signed_at']!r} not in the documented form"); continue
         st = f"aether.checkpoint.v1\n{c['tree_size']}\n{c['root_hash']}\n{c['signed_at']}\n".encode()
-        if c["public_key"] != key or not sm2_verify(key, st, c["signature"]): problems.append(f"checkpoint {i} signature")
+        k = key_for(c["tree_size"])
+        if c["public_key"] != k or not sm2_verify(k, st, c["signature"]): problems.append(f"checkpoint {i} signature")
         if i and c["tree_size"] <= cps[i-1]["tree_size"]: problems.append(f"checkpoint {i} order")
     if len(b["consistency"]) != len(cps) - 1: problems.append("consistency count")
     for i, (c, p) in enumerate(zip(zip(cps, cps[1:]), b["consistency"])):

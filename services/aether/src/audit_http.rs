@@ -779,6 +779,7 @@ async fn export(
     let mut filters = filters;
     filters.insert("anchor_tree_size".into(), json!(anchor.tree_size));
     let checkpoints: Vec<SignedCheckpoint> = since.into_iter().chain([anchor.clone()]).collect();
+    let rotations = aether_ledger::key_rotation::key_rotations(&state.store).await?;
     let mut repairs = 0;
     let bundle = loop {
         let events = export_events(&state, &filter, limit, anchor.tree_size).await?;
@@ -787,10 +788,11 @@ async fn export(
             state.merkle.catch_up(&state.store).await?;
         }
         // Proofs from the shared log, each under a brief read lock, not a copy of it.
-        match aether_audit::Bundle::build(
+        match aether_audit::Bundle::build_rotated(
             events,
             &state.merkle.proofs(),
             checkpoints.clone(),
+            rotations.clone(),
             Value::Object(filters.clone()),
             Utc::now(),
         ) {

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use aether_ledger::EventStore;
+use aether_ledger::checkpoint::key_fingerprint as fingerprint;
 use aether_ledger::cluster::{HeldLease, LeaseConfig, keep_lease};
 use aether_ledger::hashing::sm3;
 use anyhow::{Context, bail};
@@ -92,30 +93,41 @@ pub fn check_node_id(id: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A key's fingerprint as evidence bundles name it: SM3 of its SEC1 bytes, hex.
-fn fingerprint(public_key_hex: &str) -> String {
-    hex::decode(public_key_hex)
-        .map(|bytes| hex::encode(sm3(&bytes)))
-        .unwrap_or_else(|_| public_key_hex.to_owned())
-}
-
 /// One signer for the cluster: the first node records its checkpoint public key in the
 /// ledger database; a node with another key refuses to start (checkpoints signed by two
 /// keys would fail `aether verify` against either).
-pub async fn claim_checkpoint_key(store: &EventStore, public_key_hex: &str) -> anyhow::Result<()> {
+pub async fn claim_checkpoint_key(
+    store: &EventStore,
+    public_key_hex: &str,
+    previous_key_hex: Option<&str>,
+) -> anyhow::Result<()> {
     let recorded = store
         .claim_setting(CHECKPOINT_KEY_SETTING, public_key_hex)
         .await?;
-    if recorded != public_key_hex {
-        bail!(
-            "this node's checkpoint key (fingerprint {}) is not the cluster's (fingerprint {}): \
-             every node of a cluster signs with the same key; start it with --checkpoint-key \
-             (AETHER_CHECKPOINT_KEY) naming the cluster's private key",
-            fingerprint(public_key_hex),
-            fingerprint(&recorded)
-        );
+    // The ledger itself says which key signs now (after any rotation); the setting only
+    // decides before the first checkpoint.
+    let in_force = aether_ledger::key_rotation::key_in_force(store)
+        .await?
+        .unwrap_or(recorded);
+    if in_force == public_key_hex {
+        return Ok(());
     }
-    Ok(())
+    if previous_key_hex == Some(in_force.as_str()) {
+        tracing::info!(
+            from = %fingerprint(&in_force),
+            to = %fingerprint(public_key_hex),
+            "the checkpoint key is rotated when this node holds the checkpointer lease"
+        );
+        return Ok(());
+    }
+    bail!(
+        "this node's checkpoint key (fingerprint {}) is not the cluster's (fingerprint {}): \
+         every node of a cluster signs with the key the ledger's checkpoints are signed with; \
+         start it with --checkpoint-key (AETHER_CHECKPOINT_KEY) naming that private key, or \
+         rotate to this one with --previous-checkpoint-key naming it",
+        fingerprint(public_key_hex),
+        fingerprint(&in_force)
+    );
 }
 
 /// Where the cluster's Delta tables are: `--delta-uri` (an `s3://` or `s3a://` location, or

@@ -403,7 +403,7 @@ async fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     } else {
         match &report.failure {
             None => println!(
-                "OK: {} events, {} signed checkpoints verified in {:.2} s; head {}{}",
+                "OK: {} events, {} signed checkpoints verified in {:.2} s; head {}{}{}",
                 report.events_checked,
                 report.checkpoints_checked,
                 elapsed.as_secs_f64(),
@@ -412,6 +412,15 @@ async fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
                     .latest_checkpoint
                     .as_ref()
                     .map(|c| format!("; latest checkpoint covers {} events", c.tree_size))
+                    .unwrap_or_default(),
+                report
+                    .key_rotations
+                    .last()
+                    .map(|r| format!(
+                        "; {} key rotation(s), checkpoints now signed by the key with fingerprint {}",
+                        report.key_rotations.len(),
+                        aether_ledger::checkpoint::key_fingerprint(&r.new_key)
+                    ))
                     .unwrap_or_default()
             ),
             Some(f) => println!(

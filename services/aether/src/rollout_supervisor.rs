@@ -43,6 +43,9 @@ pub async fn run(
     // Finished analyses (not restarted) and failed starts (retried after RETRY).
     let mut finished: HashSet<String> = HashSet::new();
     let mut failed: HashMap<String, tokio::time::Instant> = HashMap::new();
+    // The token the running controllers were started under: a new one means another node
+    // held the lease in between, so they start again from what the ledger now says.
+    let mut started_under: Option<u64> = None;
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -50,19 +53,27 @@ pub async fn run(
             _ = stop.changed() => break,
             Some(observation) = observations.recv() => feed(&mut running, observation),
             _ = tick.tick() => {
-                if lease.token().is_none() {
+                let Some(token) = lease.token() else {
                     if !running.is_empty() {
                         tracing::info!("another node runs the rollout controllers now");
                         running.clear();
                         failed.clear();
                     }
+                    started_under = None;
                     continue;
+                };
+                if started_under.is_some_and(|t| t != token) {
+                    running.clear();
+                    failed.clear();
                 }
-                let origin = control.under_snapshot(aether_control::Origin::from("aether:rollout-controller"));
+                started_under = Some(token);
+                let fence = lease.fence_for(token);
+                let mut origin = control.under_snapshot(aether_control::Origin::from("aether:rollout-controller"));
+                origin.fence = fence.clone();
                 if let Err(e) = control.rollouts.resume_due(chrono::Utc::now(), &origin).await {
                     tracing::error!(error = %e, "cannot resume a timed pause");
                 }
-                adopt(&store, &control, &mut running, &finished, &mut failed).await;
+                adopt(&store, &control, &mut running, &finished, &mut failed, fence).await;
                 let now = chrono::Utc::now();
                 let mut drop = Vec::new();
                 for (id, controller) in running.iter_mut() {
@@ -73,6 +84,10 @@ pub async fn run(
                             drop.push(id.clone());
                         }
                         Ok(_) => {}
+                        Err(e) if e.is_fenced() => {
+                            tracing::info!(rollout = %id, error = %e, "the rollout-controller lease moved to another node; this node's decision was refused");
+                            drop.push(id.clone());
+                        }
                         Err(e) => {
                             tracing::error!(rollout = %id, error = %e, "rollout controller failed; restarting it from the ledger");
                             metrics::counter!("aether_rollout_controller_failures_total").increment(1);
@@ -96,6 +111,7 @@ async fn adopt(
     running: &mut HashMap<String, RolloutController>,
     finished: &HashSet<String>,
     failed: &mut HashMap<String, tokio::time::Instant>,
+    fence: Option<aether_ledger::cluster::Fence>,
 ) {
     let live: Vec<String> = control
         .rollouts
@@ -113,7 +129,7 @@ async fn adopt(
         {
             continue;
         }
-        match RolloutController::start(store, control, &id).await {
+        match RolloutController::start_fenced(store, control, &id, fence.clone()).await {
             Ok(controller) => {
                 failed.remove(&id);
                 if controller.finished().is_none() {

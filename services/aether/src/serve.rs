@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aether_ledger::checkpoint::CheckpointSigner;
-use aether_ledger::checkpointer::{CHECKPOINTER_LEASE, run_checkpointer_under};
+use aether_ledger::checkpointer::{CHECKPOINTER_LEASE, run_checkpointer_rotating};
 use aether_ledger::{CheckpointPolicy, EventStore, MerkleLog, StoreConfig};
 use anyhow::Context;
 use clap::Args;
@@ -26,6 +26,12 @@ pub struct ServeArgs {
     /// Checkpoint signing key (PKCS#8 PEM). Default: created in `<data>/keys/`.
     #[arg(long, env = "AETHER_CHECKPOINT_KEY")]
     pub checkpoint_key: Option<std::path::PathBuf>,
+    /// The key the ledger's checkpoints are signed with until now (PKCS#8 PEM), to rotate
+    /// from: the node holding the checkpointer lease records a `CheckpointKeyRotated`
+    /// signed by both and signs with `--checkpoint-key` from then on. Give it to every
+    /// node during a rotation; it does nothing once the ledger's key is the new one.
+    #[arg(long, env = "AETHER_PREVIOUS_CHECKPOINT_KEY")]
+    pub previous_checkpoint_key: Option<std::path::PathBuf>,
     /// Sign a checkpoint after this many new events.
     #[arg(long, env = "AETHER_CHECKPOINT_EVERY_EVENTS", default_value_t = 1000)]
     pub checkpoint_every_events: u64,
@@ -216,9 +222,22 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
     };
     let public_key = signer.public_key_hex();
+    let previous_signer = args
+        .previous_checkpoint_key
+        .as_deref()
+        .map(CheckpointSigner::from_pem_file)
+        .transpose()?;
     let node_id = args.cluster.node_id(&args.ledger.data_dir);
     crate::cluster::check_node_id(&node_id)?;
-    crate::cluster::claim_checkpoint_key(&store, &public_key).await?;
+    crate::cluster::claim_checkpoint_key(
+        &store,
+        &public_key,
+        previous_signer
+            .as_ref()
+            .map(CheckpointSigner::public_key_hex)
+            .as_deref(),
+    )
+    .await?;
     crate::cluster::claim_delta_location(&store, &delta_root).await?;
     let (tokens, source) = Tokens::load(&args.ledger.data_dir)?;
     match &source {
@@ -244,13 +263,28 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         &node_id,
         lease_stop_rx.clone(),
     );
-    let checkpointer = tokio::spawn(run_checkpointer_under(
-        store.clone(),
-        signer,
-        policy,
-        checkpointer_lease,
-        stop_rx.clone(),
-    ));
+    // A node whose key the cluster rotated away from stops (in order) rather than hold the
+    // checkpointer lease without signing.
+    let (retired_tx, mut retired_rx) = tokio::sync::watch::channel(None::<String>);
+    let checkpointer = tokio::spawn({
+        let (store, stop) = (store.clone(), stop_rx.clone());
+        async move {
+            let result = run_checkpointer_rotating(
+                store,
+                signer,
+                previous_signer,
+                policy,
+                checkpointer_lease,
+                stop,
+            )
+            .await;
+            if let Err(e @ aether_ledger::LedgerError::CheckpointKeyRetired { .. }) = &result {
+                tracing::error!(error = %e, "stopping: this node's checkpoint key was retired");
+                let _ = retired_tx.send(Some(e.to_string()));
+            }
+            result
+        }
+    });
     let upkeep = {
         let handle = metrics.clone();
         tokio::spawn(async move {
@@ -472,6 +506,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         header_timeout: Duration::from_millis(args.http_header_timeout_ms),
         max_connections: crate::http_server::connection_cap(args.max_http_connections),
     };
+    let shutdown = async move {
+        tokio::select! {
+            _ = shutdown => {}
+            _ = retired_rx.wait_for(Option::is_some) => {}
+        }
+    };
     let served = crate::http_server::serve(listener, app, limits, shutdown)
         .await
         .context("HTTP server failed");
@@ -491,7 +531,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let _ = stop_tx.send(true);
     let _ = supervisor.await;
     let _ = control_follower.await;
+    let mut retired = None;
     match checkpointer.await {
+        Ok(Err(e @ aether_ledger::LedgerError::CheckpointKeyRetired { .. })) => retired = Some(e),
         Ok(Err(e)) => tracing::error!(error = %e, "checkpointer failed"),
         Err(e) => tracing::error!(error = %e, "checkpointer task failed"),
         Ok(Ok(())) => {}
@@ -537,6 +579,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     store.shutdown().await;
     upkeep.abort();
     tracing::info!("stopped");
+    if let Some(e) = retired {
+        return Err(e).context("this node stopped");
+    }
     served
 }
 

@@ -40,6 +40,11 @@ pub struct Origin {
     /// The consistent snapshot in force when the change was asked for (null before the
     /// first); set by [`crate::ControlState::under_snapshot`].
     pub snapshot_id: Option<String>,
+    /// The lease a singleton duty (the rollout controller) acts under: the database stores
+    /// the change only while that lease's token is current, so a holder paused past its
+    /// lease cannot act when it wakes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fence: Option<aether_ledger::cluster::Fence>,
 }
 
 impl From<&str> for Origin {
@@ -129,6 +134,7 @@ impl Origin {
             model_stage,
             semantic_tag,
             snapshot_id: None,
+            fence: None,
         })
     }
 

@@ -15,6 +15,7 @@
 
 use std::collections::BTreeMap;
 
+use aether_ledger::cluster::Fence;
 use aether_ledger::{Direction, EventStore, ExpectedVersion, LedgerError, NewEvent, RecordedEvent};
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
@@ -77,6 +78,19 @@ pub enum ControllerError {
     Ledger(#[from] LedgerError),
 }
 
+impl ControllerError {
+    /// The database refused a write because the lease it was made under has moved to
+    /// another node: not a failure of the rollout, the end of this node's turn.
+    pub fn is_fenced(&self) -> bool {
+        matches!(
+            self,
+            ControllerError::Ledger(LedgerError::Fenced(_))
+                | ControllerError::Rollout(RolloutError::Ledger(LedgerError::Fenced(_)))
+                | ControllerError::Snapshot(SnapshotError::Ledger(LedgerError::Fenced(_)))
+        )
+    }
+}
+
 /// What the last recorded check left to carry out, read back at start.
 #[derive(Default)]
 struct History {
@@ -102,6 +116,8 @@ pub struct RolloutController {
     snapshots: Vec<CommittedSnapshot>,
     /// Version of the analysis stream, so that two controllers cannot both record.
     version: u64,
+    /// The lease it acts under in a cluster: every record and action carries it.
+    fence: Option<Fence>,
 }
 
 impl RolloutController {
@@ -111,6 +127,18 @@ impl RolloutController {
         store: &EventStore,
         control: &ControlState,
         rollout_id: &str,
+    ) -> Result<RolloutController, ControllerError> {
+        Self::start_fenced(store, control, rollout_id, None).await
+    }
+
+    /// [`start`](Self::start) under a lease: every event it records or causes (analysis,
+    /// weights, pauses, snapshots, rollbacks, promotion) carries `fence`, so once another
+    /// node has taken the lease the database refuses this controller's writes.
+    pub async fn start_fenced(
+        store: &EventStore,
+        control: &ControlState,
+        rollout_id: &str,
+        fence: Option<Fence>,
     ) -> Result<RolloutController, ControllerError> {
         let rollout = control
             .rollouts
@@ -144,6 +172,7 @@ impl RolloutController {
             step: history.step,
             snapshots: history.snapshots,
             version: history.version,
+            fence,
         };
         // Step 0's snapshot, or the one a crash kept a step from taking.
         if controller
@@ -319,8 +348,11 @@ impl RolloutController {
     }
 
     fn origin(&self) -> Origin {
-        self.control
-            .under_snapshot(Origin::from("aether:rollout-controller"))
+        let mut origin = self
+            .control
+            .under_snapshot(Origin::from("aether:rollout-controller"));
+        origin.fence = self.fence.clone();
+        origin
     }
 
     async fn record(&mut self, events: Vec<NewEvent>) -> Result<Vec<Recorded>, ControllerError> {

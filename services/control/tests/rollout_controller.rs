@@ -48,8 +48,13 @@ struct Harness {
 }
 
 async fn harness(steps: Vec<u32>) -> Harness {
+    harness_on(None, steps).await
+}
+
+/// The harness on `url` (a PostgreSQL database), or on SQLite in a temporary directory.
+async fn harness_on(url: Option<String>, steps: Vec<u32>) -> Harness {
     let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite:{}", dir.path().join("l.db").display());
+    let url = url.unwrap_or_else(|| format!("sqlite:{}", dir.path().join("l.db").display()));
     let store = EventStore::connect(&url, StoreConfig::default())
         .await
         .unwrap();
@@ -489,4 +494,107 @@ async fn a_pause_with_a_duration_ends_by_itself_and_only_then() {
     // The pause and its end survive a restart.
     let replayed = ControlState::replay(&h.store).await.unwrap();
     assert_eq!(replayed.rollouts.get(&h.rollout.id), Some(h.rollout()));
+}
+
+/// In a cluster the controller acts under the `rollout-controller` lease: once another node
+/// has taken the lease, the database refuses whatever the old holder still tries to record
+/// or carry out (a paused process that wakes), and the new holder's controller resumes from
+/// the ledger, its records fenced with the new token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_whose_lease_moved_records_and_changes_nothing() {
+    use aether_ledger::cluster::Fence;
+    let db = aether_ledger::testing::TestDatabase::create().await;
+    let h = harness_on(Some(db.url.clone()), vec![10, 50, 100]).await;
+    let ttl = std::time::Duration::from_millis(300);
+    let lease = "rollout-controller";
+    let token_a = h
+        .store
+        .acquire_lease(lease, "node-a", ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    let fence_a = Fence {
+        lease: lease.into(),
+        token: token_a,
+    };
+    let mut a = RolloutController::start_fenced(&h.store, &h.state, &h.rollout.id, Some(fence_a))
+        .await
+        .unwrap();
+    h.window(&mut a, 0, HEALTHY).await;
+    assert_eq!(h.weights().await, increases(&[10]));
+
+    // node-a stalls past its lease; node-b takes it.
+    tokio::time::sleep(ttl + std::time::Duration::from_millis(100)).await;
+    let token_b = h
+        .store
+        .acquire_lease(lease, "node-b", ttl * 20)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(token_b > token_a);
+    let analysis_before = h.analysis().await.len();
+    let head_before = h.store.head().await.unwrap().unwrap().0;
+
+    // node-a wakes and closes the next window: refused by the database, nothing written.
+    let at = h.at(1, 100);
+    a.observe(RequestObservation {
+        request_id: "late".into(),
+        stage: Stage::Candidate,
+        latency_us: 1000,
+        error: false,
+        score: 0.1,
+        confidence: 0.9,
+        flagged: false,
+        rules_flagged: false,
+        features: BTreeMap::new(),
+        shadow: false,
+        at,
+    })
+    .unwrap();
+    let refused = a
+        .tick(h.at(2, 1))
+        .await
+        .expect_err("a stale holder's record");
+    assert!(refused.is_fenced(), "{refused}");
+    assert_eq!(h.store.head().await.unwrap().unwrap().0, head_before);
+    assert_eq!(h.analysis().await.len(), analysis_before);
+    assert_eq!(h.weights().await, increases(&[10]));
+
+    // node-b's controller resumes from the ledger and widens under its own token.
+    let fence_b = Fence {
+        lease: lease.into(),
+        token: token_b,
+    };
+    let mut b = RolloutController::start_fenced(&h.store, &h.state, &h.rollout.id, Some(fence_b))
+        .await
+        .unwrap();
+    h.window(&mut b, 1, HEALTHY).await;
+    assert_eq!(h.weights().await, increases(&[10, 15]));
+    let fences: Vec<(u64, u64)> = h
+        .analysis()
+        .await
+        .iter()
+        .chain(h.events(&format!("rollout/{}", h.rollout.id)).await.iter())
+        .filter_map(|e| {
+            let m = e.metadata_value().unwrap();
+            m["fence"]["token"].as_u64().map(|t| (e.seq, t))
+        })
+        .collect();
+    assert!(
+        fences.iter().any(|(_, t)| *t == token_a) && fences.iter().any(|(_, t)| *t == token_b),
+        "the records of both holders carry their fence: {fences:?}"
+    );
+    let last_a = fences
+        .iter()
+        .filter(|(_, t)| *t == token_a)
+        .map(|(s, _)| *s)
+        .max();
+    let first_b = fences
+        .iter()
+        .filter(|(_, t)| *t == token_b)
+        .map(|(s, _)| *s)
+        .min();
+    assert!(last_a < first_b, "nothing of node-a's after node-b's first");
+    drop(h);
+    db.drop_database().await;
 }

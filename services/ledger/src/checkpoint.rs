@@ -56,6 +56,14 @@ pub enum CheckpointError {
     BadSignature,
 }
 
+/// A key's fingerprint as evidence bundles and error messages name it: SM3 of its SEC1
+/// bytes, hex (the hex as given when it is not hex).
+pub fn key_fingerprint(public_key_hex: &str) -> String {
+    hex::decode(public_key_hex)
+        .map(|bytes| hex::encode(hashing::sm3(&bytes)))
+        .unwrap_or_else(|_| public_key_hex.to_owned())
+}
+
 /// The exact bytes signed: four lines, each ending in `\n`.
 pub fn statement(tree_size: u64, root_hash: &Hash, signed_at: &str) -> Vec<u8> {
     format!(
@@ -66,6 +74,7 @@ pub fn statement(tree_size: u64, root_hash: &Hash, signed_at: &str) -> Vec<u8> {
 }
 
 /// Holds the private key; signs tree heads.
+#[derive(Clone)]
 pub struct CheckpointSigner {
     key: SigningKey,
 }
@@ -138,6 +147,12 @@ impl CheckpointSigner {
         CheckpointVerifier {
             key: self.key.verifying_key().clone(),
         }
+    }
+
+    /// SM2 signature `r ‖ s` of `message`, lowercase hex.
+    pub(crate) fn sign_bytes(&self, message: &[u8]) -> String {
+        let signature: Signature = self.key.sign(message);
+        hex::encode(signature.to_bytes())
     }
 
     /// Signs the tree head `(tree_size, root_hash)` as of `signed_at`.
@@ -227,19 +242,28 @@ impl CheckpointVerifier {
                 trusted,
             });
         }
-        let sig_bytes = hex::decode(&checkpoint.signature)
+        self.verify_bytes(
+            &statement(
+                checkpoint.tree_size,
+                &checkpoint.root_hash,
+                &checkpoint.signed_at,
+            ),
+            &checkpoint.signature,
+        )
+    }
+
+    /// Checks an SM2 signature `r ‖ s` (hex) of `message` under this key.
+    pub(crate) fn verify_bytes(
+        &self,
+        message: &[u8],
+        signature: &str,
+    ) -> Result<(), CheckpointError> {
+        let sig_bytes = hex::decode(signature)
             .map_err(|e| CheckpointError::Malformed(format!("signature is not hex: {e}")))?;
         let signature = Signature::from_slice(&sig_bytes)
             .map_err(|_| CheckpointError::Malformed("signature is not 64 bytes r||s".into()))?;
         self.key
-            .verify(
-                &statement(
-                    checkpoint.tree_size,
-                    &checkpoint.root_hash,
-                    &checkpoint.signed_at,
-                ),
-                &signature,
-            )
+            .verify(message, &signature)
             .map_err(|_| CheckpointError::BadSignature)
     }
 }

@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::checkpoint::{CHECKPOINT_STREAM, CheckpointSigner, SignedCheckpoint};
+use crate::checkpoint::{CHECKPOINT_STREAM, CheckpointSigner, SignedCheckpoint, key_fingerprint};
 use crate::cluster::HeldLease;
 use crate::error::LedgerError;
 use crate::event::{ExpectedVersion, ledger_now};
+use crate::key_rotation::{KEY_ROTATION_STREAM, KeyRotation, key_in_force};
 use crate::merkle::Frontier;
 use crate::retrying::{RETRY_EVERY, Retrying};
 use crate::store::{Direction, EventStore};
@@ -68,6 +69,23 @@ pub async fn run_checkpointer_under(
     store: EventStore,
     signer: CheckpointSigner,
     policy: CheckpointPolicy,
+    lease: HeldLease,
+    stop: watch::Receiver<bool>,
+) -> Result<(), LedgerError> {
+    run_checkpointer_rotating(store, signer, None, policy, lease, stop).await
+}
+
+/// [`run_checkpointer_under`] that may hand the ledger over to `signer` from `previous`:
+/// while the ledger's checkpoints are signed by `previous`, the first time it is to sign
+/// it appends a `CheckpointKeyRotated` (signed by both, fenced like a checkpoint) and
+/// signs with `signer` from the next checkpoint on. It ends with
+/// [`LedgerError::CheckpointKeyRetired`] when the ledger's key is neither: another node
+/// rotated it, and this one must not sign.
+pub async fn run_checkpointer_rotating(
+    store: EventStore,
+    signer: CheckpointSigner,
+    previous: Option<CheckpointSigner>,
+    policy: CheckpointPolicy,
     mut lease: HeldLease,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), LedgerError> {
@@ -82,6 +100,9 @@ pub async fn run_checkpointer_under(
         last_size: None,
         lease: lease.clone(),
         signed_under: None,
+        previous,
+        in_force: None,
+        rotated_at: None,
     };
     let mut retrying = Retrying::new("checkpointer", "aether_ledger_checkpointer_failing");
     loop {
@@ -105,6 +126,9 @@ pub async fn run_checkpointer_under(
             Err(e) => Err(e),
         };
         if let Err(e) = step {
+            if matches!(e, LedgerError::CheckpointKeyRetired { .. }) {
+                return Err(e);
+            }
             retrying.failed(&e);
             Retrying::wait(&mut stop).await;
         }
@@ -123,6 +147,12 @@ struct Signing {
     /// The token this process last signed under: another token means another node may
     /// have signed meanwhile, so the newest checkpoint is read again.
     signed_under: Option<u64>,
+    /// The key this node hands over from, if it is to rotate.
+    previous: Option<CheckpointSigner>,
+    /// The ledger's key in force as last read (again at each new token).
+    in_force: Option<String>,
+    /// The tree size this process rotated the key at.
+    rotated_at: Option<u64>,
 }
 
 impl Signing {
@@ -132,11 +162,31 @@ impl Signing {
         if self.signed_under != Some(token) {
             self.signed_under = Some(token);
             self.last_size = None;
+            self.in_force = None;
         }
         Some(token)
     }
 
     async fn sign(&mut self, token: u64) -> Result<(), LedgerError> {
+        let own = self.signer.public_key_hex();
+        let in_force = match &self.in_force {
+            Some(key) => key.clone(),
+            None => {
+                let key = key_in_force(&self.store).await?.unwrap_or(own.clone());
+                self.in_force = Some(key.clone());
+                key
+            }
+        };
+        if in_force != own {
+            return self.rotate(token, &in_force).await;
+        }
+        // A checkpoint after a rotation covers it: verifiers hold the keys apart by size.
+        if self
+            .rotated_at
+            .is_some_and(|size| self.frontier.size() <= size)
+        {
+            return Ok(());
+        }
         self.last_size = Some(
             sign(
                 &self.store,
@@ -147,6 +197,44 @@ impl Signing {
             )
             .await?,
         );
+        Ok(())
+    }
+
+    /// Hands the ledger over from `in_force` to this node's key, if this node holds it;
+    /// the next checkpoint (of the events after the rotation) is signed with the new key.
+    async fn rotate(&mut self, token: u64, in_force: &str) -> Result<(), LedgerError> {
+        let own = self.signer.public_key_hex();
+        let Some(previous) = self
+            .previous
+            .as_ref()
+            .filter(|p| p.public_key_hex() == in_force)
+        else {
+            return Err(LedgerError::CheckpointKeyRetired {
+                in_force: key_fingerprint(in_force),
+                own: key_fingerprint(&own),
+            });
+        };
+        let rotation = KeyRotation::sign(
+            previous,
+            &self.signer,
+            self.frontier.size(),
+            self.frontier.root(),
+            ledger_now(),
+        );
+        let mut event = rotation.to_event();
+        self.lease.fence(&mut event.metadata, token);
+        self.store
+            .append(KEY_ROTATION_STREAM, ExpectedVersion::Any, vec![event])
+            .await?;
+        tracing::info!(
+            from = %key_fingerprint(in_force),
+            to = %key_fingerprint(&own),
+            tree_size = rotation.tree_size,
+            "checkpoint key rotated"
+        );
+        metrics::counter!("aether_ledger_checkpoint_key_rotations_total").increment(1);
+        self.in_force = Some(own);
+        self.rotated_at = Some(rotation.tree_size);
         Ok(())
     }
 

@@ -41,6 +41,14 @@ pub struct LeaseState {
     pub live: bool,
 }
 
+/// A lease's name and token as an event carries them in its metadata (member
+/// [`FENCE_MEMBER`]): the database stores the event only under that token.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Fence {
+    pub lease: String,
+    pub token: u64,
+}
+
 /// Adds the fence `{lease, token}` to an event's metadata object.
 pub fn fence(metadata: &mut serde_json::Value, lease: &str, token: u64) {
     if let Some(object) = metadata.as_object_mut() {
@@ -91,6 +99,15 @@ impl HeldLease {
         if self.fenced {
             fence(metadata, &self.name, token);
         }
+    }
+
+    /// The fence for writes under `token`, where the database checks fences (`None` on
+    /// SQLite, where nothing is fenced).
+    pub fn fence_for(&self, token: u64) -> Option<Fence> {
+        self.fenced.then(|| Fence {
+            lease: self.name.clone(),
+            token,
+        })
     }
 
     /// The token while held. A process that was paused may still believe it holds a lease

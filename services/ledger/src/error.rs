@@ -122,6 +122,11 @@ pub enum LedgerError {
     #[error("checkpoint key: {0}")]
     CheckpointKey(String),
 
+    #[error(
+        "the ledger's checkpoints are now signed by the key with fingerprint {in_force}, not by this node's (fingerprint {own}): the key was rotated; restart this node with the cluster's key (--checkpoint-key)"
+    )]
+    CheckpointKeyRetired { in_force: String, own: String },
+
     #[error("database: {0}")]
     Database(#[from] sqlx::Error),
 

@@ -13,6 +13,7 @@ pub mod error;
 pub mod event;
 pub mod hashing;
 mod jcs;
+pub mod key_rotation;
 pub mod merkle;
 mod merkle_file;
 pub mod merkle_log;

@@ -11,6 +11,7 @@ use crate::checkpoint::{CheckpointVerifier, SignedCheckpoint};
 use crate::error::LedgerError;
 use crate::event::RecordedEvent;
 use crate::hashing::{self, GENESIS_PREV_HASH, Hash};
+use crate::key_rotation::KeyRotation;
 use crate::merkle::{ProofError, StoredNodes};
 use crate::merkle_file::{BLOCK_LEVEL, PagedTree};
 use crate::store::EventStore;
@@ -37,6 +38,8 @@ pub enum Problem {
     BadCheckpoint { reason: String },
     #[error("checkpoint signature does not verify")]
     BadSignature,
+    #[error("checkpoint key rotation is malformed or not signed by the key in force: {reason}")]
+    BadKeyRotation { reason: String },
     #[error("checkpoint claims tree size {tree_size}, beyond the events before it")]
     CheckpointBeyondLog { tree_size: u64 },
     #[error("checkpoint root for tree size {tree_size} is {claimed}, the events give {computed}")]
@@ -107,6 +110,8 @@ pub struct VerifyReport {
     /// Hash of the last event checked, hex.
     pub head_hash: Option<String>,
     pub latest_checkpoint: Option<SignedCheckpoint>,
+    /// `CheckpointKeyRotated` events checked, in ledger order.
+    pub key_rotations: Vec<KeyRotation>,
     pub failure: Option<VerifyFailure>,
 }
 
@@ -130,6 +135,7 @@ pub struct ChainVerifier {
     tree: PagedTree,
     checkpoints: u64,
     latest_checkpoint: Option<SignedCheckpoint>,
+    key_rotations: Vec<KeyRotation>,
     failure: Option<VerifyFailure>,
     /// Checked once the tree reaches its size; `None` after that.
     anchor: Option<TrustedAnchor>,
@@ -161,6 +167,7 @@ impl ChainVerifier {
             tree,
             checkpoints: 0,
             latest_checkpoint: None,
+            key_rotations: Vec::new(),
             failure: None,
             anchor: None,
         })
@@ -286,6 +293,8 @@ impl ChainVerifier {
         *version += 1;
         if let Some(checkpoint) = SignedCheckpoint::from_event(event) {
             self.check_checkpoint(checkpoint)?;
+        } else if let Some(rotation) = KeyRotation::from_event(event) {
+            self.check_rotation(rotation)?;
         }
         self.expected_seq += 1;
         self.prev_hash = event.hash;
@@ -318,32 +327,93 @@ impl ChainVerifier {
                 }));
             }
         }
-        // Only the events before the checkpoint count, whatever the tree holds already.
-        if checkpoint.tree_size >= self.expected_seq {
-            return Err(Checked::Broken(Problem::CheckpointBeyondLog {
-                tree_size: checkpoint.tree_size,
+        if let Some(rotation) = self.key_rotations.last()
+            && checkpoint.tree_size <= rotation.tree_size
+        {
+            return Err(Checked::Broken(Problem::BadCheckpoint {
+                reason: format!(
+                    "a checkpoint of {} events follows the key rotation at {} events: checkpoints after a rotation cover it",
+                    checkpoint.tree_size, rotation.tree_size
+                ),
             }));
         }
-        let computed = match self.tree.root_at(checkpoint.tree_size) {
+        self.check_tree_head(checkpoint.tree_size, &checkpoint.root_hash)?;
+        self.checkpoints += 1;
+        self.latest_checkpoint = Some(checkpoint);
+        Ok(())
+    }
+
+    /// A signed tree head (a checkpoint's or a key rotation's) must be of events before it,
+    /// with the root those events have.
+    fn check_tree_head(&mut self, tree_size: u64, root_hash: &Hash) -> Result<(), Checked> {
+        // Only the events before the head count, whatever the tree holds already.
+        if tree_size >= self.expected_seq {
+            return Err(Checked::Broken(Problem::CheckpointBeyondLog { tree_size }));
+        }
+        let computed = match self.tree.root_at(tree_size) {
             Ok(root) => root,
             Err(e @ (ProofError::LeafFile { .. } | ProofError::MissingNode { .. })) => {
                 return Err(Checked::Scratch(scratch_error(e)));
             }
             Err(_) => {
-                return Err(Checked::Broken(Problem::CheckpointBeyondLog {
-                    tree_size: checkpoint.tree_size,
-                }));
+                return Err(Checked::Broken(Problem::CheckpointBeyondLog { tree_size }));
             }
         };
-        if computed != checkpoint.root_hash {
+        if computed != *root_hash {
             return Err(Checked::Broken(Problem::RootMismatch {
-                tree_size: checkpoint.tree_size,
-                claimed: hex::encode(checkpoint.root_hash),
+                tree_size,
+                claimed: hex::encode(root_hash),
                 computed: hex::encode(computed),
             }));
         }
-        self.checkpoints += 1;
-        self.latest_checkpoint = Some(checkpoint);
+        Ok(())
+    }
+
+    /// A key rotation must be signed by the key in force (the trusted one, or without one
+    /// the key of the newest checkpoint or rotation) and by the new key, over a tree head
+    /// of this ledger; from then on checkpoints must be signed by the new key.
+    fn check_rotation(
+        &mut self,
+        rotation: Result<KeyRotation, crate::checkpoint::CheckpointError>,
+    ) -> Result<(), Checked> {
+        use crate::checkpoint::CheckpointError;
+        let broken = |reason: String| Checked::Broken(Problem::BadKeyRotation { reason });
+        let rotation = rotation.map_err(|e| broken(e.to_string()))?;
+        let in_force = match &self.trusted_key {
+            Some(key) => Some(key.public_key_hex()),
+            None => self
+                .key_rotations
+                .last()
+                .map(|r| r.new_key.clone())
+                .or_else(|| {
+                    self.latest_checkpoint
+                        .as_ref()
+                        .map(|c| c.public_key.clone())
+                }),
+        };
+        if let Some(in_force) = in_force
+            && in_force != rotation.previous_key
+        {
+            return Err(broken(format!(
+                "it hands over from key {}, but the key in force is {in_force}",
+                rotation.previous_key
+            )));
+        }
+        match rotation.verify() {
+            Ok(()) => {}
+            Err(CheckpointError::BadSignature) => {
+                return Err(Checked::Broken(Problem::BadSignature));
+            }
+            Err(e) => return Err(broken(e.to_string())),
+        }
+        self.check_tree_head(rotation.tree_size, &rotation.root_hash)?;
+        if self.trusted_key.is_some() {
+            self.trusted_key = Some(
+                CheckpointVerifier::from_hex(&rotation.new_key)
+                    .map_err(|e| broken(e.to_string()))?,
+            );
+        }
+        self.key_rotations.push(rotation);
         Ok(())
     }
 
@@ -366,6 +436,7 @@ impl ChainVerifier {
             checkpoints_checked: self.checkpoints,
             head_hash: (self.expected_seq > 1).then(|| hex::encode(self.prev_hash)),
             latest_checkpoint: self.latest_checkpoint,
+            key_rotations: self.key_rotations,
             failure,
         }
     }
