@@ -988,3 +988,135 @@ async fn the_checkpoint_key_is_rotated_once_and_verify_follows_it() {
     assert!(stdout.contains("1 key rotation(s)"), "{stdout}");
     db.drop_database().await;
 }
+
+/// The rollout controller, on node-a, decides on the traffic node-b clears: node-b routes
+/// by the rollout started through node-a (it follows the ledger), every node records its
+/// windows of the rollout on the ledger, and node-a's checks merge them, naming whose
+/// windows they had. Without either, node-a would see no evidence and never widen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rollout_controller_decides_on_every_nodes_traffic() {
+    use aether_e2e::clearing::{activate, client, events_of_type, get, post, trade};
+    use aether_gpu_worker::reference::REFERENCE_MODEL_DIGEST;
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (a_dir, b_dir) = (dir.path().join("a"), dir.path().join("b"));
+    let node_a = node(&a_dir, &db, "node-a", None);
+    wait_for_lease(&node_a, "rollout-controller", &["node-a"]).await;
+    copy_dir(&a_dir.join("certs"), &b_dir.join("certs"));
+    copy_dir(&a_dir.join("keys"), &b_dir.join("keys"));
+    let node_b = node(&b_dir, &db, "node-b", None);
+    activate(&node_a).await;
+    wait_for_value(
+        &node_b,
+        "/v1/engines",
+        "engines",
+        &get(&node_a, "/v1/engines").await["engines"],
+    )
+    .await;
+    let (status, body) = post(
+        &node_a,
+        "/v1/models",
+        json!({"ref": "aether-anomaly-mlp-v2@reference", "uri": aether_e2e::clearing::reference_weights(),
+               "digest": REFERENCE_MODEL_DIGEST, "feature_schema": {"schema": "aether.features.v1"}}),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = post(
+        &node_a,
+        "/v1/rollouts",
+        json!({
+            "baseline": "aether-anomaly-mlp@reference",
+            "candidate": "aether-anomaly-mlp-v2@reference",
+            "steps": [10, 50, 100],
+            "automated": true,
+            "analysis": {
+                "window": {"length_ms": 1000},
+                "evidence": {"min_requests": 5, "min_shadow_sample": 2, "min_drift_samples": 5},
+                "drift": {"ks_alpha": 0.0},
+                "sla": {"max_compliance_miss_rate": 1.0},
+            },
+        }),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let id = body["rollout"]["id"].as_str().unwrap().to_owned();
+
+    // Traffic through node-b only, until the controller on node-a widens the candidate.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut traffic = Vec::new();
+    for member in ["bank-a", "bank-b"] {
+        let mut at_b = client(&node_b, &b_dir, member).await;
+        let stop = stop.clone();
+        traffic.push(tokio::spawn(async move {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                n += 1;
+                let _ = at_b
+                    .submit(&format!("{member}-{n}"), &trade(10_000 + n * 7))
+                    .await;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }));
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let widened = loop {
+        let widened: Vec<Value> = events_of_type(&node_a, "RolloutWeightSet")
+            .await
+            .into_iter()
+            .filter(|e| e["payload"]["reason"] == "increase")
+            .collect();
+        if !widened.is_empty() {
+            break widened;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the controller never widened the candidate: {}",
+            json!(events_of_type(&node_a, "RolloutChecked").await)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for task in traffic {
+        let _ = task.await;
+    }
+    assert_eq!(
+        widened[0]["metadata"]["fence"]["lease"],
+        "rollout-controller"
+    );
+
+    // The decision rests on windows of both nodes, node-b's with the traffic.
+    let windows = events_of_type(&node_a, "RolloutWindowObserved").await;
+    let traffic_of = |node: &str| -> u64 {
+        windows
+            .iter()
+            .filter(|w| w["payload"]["node"] == node)
+            .map(|w| {
+                w["payload"]["samples"]["candidate"]["requests"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .sum()
+    };
+    assert!(traffic_of("node-b") > 0, "{}", json!(windows));
+    assert_eq!(traffic_of("node-a"), 0);
+    assert!(windows.iter().any(|w| w["payload"]["node"] == "node-a"));
+    let checks = events_of_type(&node_a, "RolloutChecked").await;
+    assert!(
+        checks
+            .iter()
+            .any(|c| c["stream_id"] == format!("analysis/{id}")
+                && c["payload"]["evidence"]["nodes"] == json!(["node-a", "node-b"])),
+        "{}",
+        json!(checks)
+    );
+    // node-b follows the weight the controller on node-a set.
+    let weight = widened.last().unwrap()["payload"]["to_weight"].clone();
+    wait_for_value(
+        &node_b,
+        &format!("/v1/rollouts/{id}"),
+        "candidate_weight",
+        &weight,
+    )
+    .await;
+    db.drop_database().await;
+}

@@ -11,7 +11,10 @@ use aether_control::{
 /// Stream categories (a stream id equal to the name, or starting with the name and `/`) and
 /// the component that owns each.
 pub const RESERVED_STREAMS: &[(&str, &str)] = &[
-    ("ledger", "the ledger (signed checkpoints, redactions)"),
+    (
+        "ledger",
+        "the ledger (signed checkpoints, key rotations, redactions)",
+    ),
     ("access", "the audit API (regulators' access records)"),
     ("clearing", "the clearing gateway (decisions)"),
     ("netting", "the clearing gateway (netting)"),
@@ -32,6 +35,7 @@ pub const RESERVED_STREAMS: &[(&str, &str)] = &[
 /// Event types only Aether's components write, on any stream.
 pub const RESERVED_EVENT_TYPES: &[&str] = &[
     aether_ledger::checkpoint::CHECKPOINT_EVENT_TYPE,
+    aether_ledger::key_rotation::KEY_ROTATION_EVENT_TYPE,
     aether_ledger::personal::REDACTION_EVENT_TYPE,
     crate::audit_http::ACCESS_EVENT_TYPE,
     aether_gateway::clearing::CLEARING_DECIDED,

@@ -1,6 +1,9 @@
-//! Runs a [`RolloutController`] for every automated rollout that is progressing or paused,
-//! fed by the clearing gateway's observations and ticked on wall-clock time; and ends
-//! every pause with a duration (any rollout) when it runs out.
+//! Records this node's share of every automated rollout's evidence (the gateway's
+//! observations cut into windows, on the ledger: `aether_control::rollout_windows`) and,
+//! on the node holding the `rollout-controller` lease, runs a [`RolloutController`] for
+//! every automated rollout that is progressing or paused over the windows of all nodes,
+//! ticked on wall-clock time; and ends every pause with a duration (any rollout) when it
+//! runs out.
 //!
 //! A controller that fails (the ledger refused a record, a rollout command conflicted) is
 //! dropped and started again from the ledger on a later tick, which carries out whatever
@@ -10,6 +13,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use aether_control::rollout_controller::{ObservationSender, RolloutObservation};
+use aether_control::rollout_windows::WindowRecorder;
 use aether_control::{ControlState, RolloutController};
 use aether_ledger::EventStore;
 use tokio::sync::{mpsc, watch};
@@ -20,6 +24,11 @@ const CHANNEL: usize = 65_536;
 const TICK: Duration = Duration::from_millis(250);
 /// How long a rollout whose controller failed to start waits before the next try.
 const RETRY: Duration = Duration::from_secs(5);
+/// How long after a window's end the controller waits for a live node's window before it
+/// checks without it (and says so).
+const GRACE_MS: i64 = 2_000;
+/// How often the live nodes (whose windows are waited for) are read.
+const NODES_EVERY: Duration = Duration::from_secs(1);
 
 /// The gateway's sender and the supervisor's receiver.
 pub fn channel() -> (ObservationSender, mpsc::Receiver<RolloutObservation>) {
@@ -29,16 +38,20 @@ pub fn channel() -> (ObservationSender, mpsc::Receiver<RolloutObservation>) {
 /// The lease under which one node of a cluster runs the rollout controllers.
 pub const ROLLOUT_LEASE: &str = "rollout-controller";
 
-/// Supervises the controllers while this node holds `lease` (on SQLite: always). Without
-/// it, observations are read and let go and no controller runs: one node decides for each
-/// rollout, so two controllers never race to step or roll back the same one.
+/// Records this node's windows, and supervises the controllers while this node holds
+/// `lease` (on SQLite: always): one node decides for each rollout, so two controllers never
+/// race to step or roll back the same one, and it decides on every node's evidence.
 pub async fn run(
     store: EventStore,
     control: ControlState,
     mut observations: mpsc::Receiver<RolloutObservation>,
     lease: aether_ledger::cluster::HeldLease,
+    node_id: String,
     mut stop: watch::Receiver<bool>,
 ) {
+    let mut recorder = WindowRecorder::new(store.clone(), &node_id);
+    let mut expected = vec![node_id.clone()];
+    let mut nodes_read: Option<tokio::time::Instant> = None;
     let mut running: HashMap<String, RolloutController> = HashMap::new();
     // Finished analyses (not restarted) and failed starts (retried after RETRY).
     let mut finished: HashSet<String> = HashSet::new();
@@ -51,8 +64,12 @@ pub async fn run(
     loop {
         tokio::select! {
             _ = stop.changed() => break,
-            Some(observation) = observations.recv() => feed(&mut running, observation),
+            Some(observation) = observations.recv() => record(&mut recorder, &control, observation),
             _ = tick.tick() => {
+                if let Err(e) = recorder.flush(&control, chrono::Utc::now()).await {
+                    tracing::warn!(error = %e, "cannot record this node's rollout windows; the controller will count them missing");
+                    metrics::counter!("aether_rollout_windows_unrecorded_total").increment(1);
+                }
                 let Some(token) = lease.token() else {
                     if !running.is_empty() {
                         tracing::info!("another node runs the rollout controllers now");
@@ -74,10 +91,21 @@ pub async fn run(
                     tracing::error!(error = %e, "cannot resume a timed pause");
                 }
                 adopt(&store, &control, &mut running, &finished, &mut failed, fence).await;
+                if nodes_read.is_none_or(|at| at.elapsed() >= NODES_EVERY) {
+                    nodes_read = Some(tokio::time::Instant::now());
+                    match crate::cluster::live_others(&store, &node_id).await {
+                        Ok(others) => {
+                            expected = std::iter::once(node_id.clone()).chain(others).collect();
+                            expected.sort();
+                        }
+                        Err(e) => tracing::debug!(error = %e, "cannot read the live nodes"),
+                    }
+                }
                 let now = chrono::Utc::now();
+                let grace = chrono::TimeDelta::milliseconds(GRACE_MS);
                 let mut drop = Vec::new();
                 for (id, controller) in running.iter_mut() {
-                    match controller.tick(now).await {
+                    match controller.tick_from_ledger(now, &expected, grace).await {
                         Ok(_) if controller.finished().is_some() => {
                             tracing::info!(rollout = %id, finished = ?controller.finished(), "rollout analysis finished");
                             finished.insert(id.clone());
@@ -113,13 +141,7 @@ async fn adopt(
     failed: &mut HashMap<String, tokio::time::Instant>,
     fence: Option<aether_ledger::cluster::Fence>,
 ) {
-    let live: Vec<String> = control
-        .rollouts
-        .all()
-        .into_iter()
-        .filter(|r| r.automated && r.phase.routes())
-        .map(|r| r.id)
-        .collect();
+    let live = control.rollouts.analysed();
     running.retain(|id, _| live.contains(id));
     let now = tokio::time::Instant::now();
     for id in live {
@@ -145,26 +167,14 @@ async fn adopt(
     }
 }
 
-fn feed(running: &mut HashMap<String, RolloutController>, observation: RolloutObservation) {
-    let (id, result) = match observation {
-        RolloutObservation::Request {
-            rollout_id,
-            observation,
-        } => {
-            let result = running.get_mut(&rollout_id).map(|c| c.observe(observation));
-            (rollout_id, result)
-        }
-        RolloutObservation::Batch { rollout_id, report } => {
-            let result = running.get_mut(&rollout_id).map(|c| c.report(report));
-            (rollout_id, result)
-        }
-    };
-    match result {
-        None => metrics::counter!("aether_rollout_observations_unanalysed_total").increment(1),
-        Some(Err(e)) => {
-            tracing::debug!(rollout = %id, error = %e, "observation refused");
+/// Files one of the gateway's observations in this node's windows.
+fn record(recorder: &mut WindowRecorder, control: &ControlState, observation: RolloutObservation) {
+    match recorder.observe(control, observation, chrono::Utc::now()) {
+        Ok(true) => {}
+        Ok(false) => metrics::counter!("aether_rollout_observations_unanalysed_total").increment(1),
+        Err(e) => {
+            tracing::debug!(error = %e, "observation refused");
             metrics::counter!("aether_rollout_observations_refused_total").increment(1);
         }
-        Some(Ok(())) => {}
     }
 }

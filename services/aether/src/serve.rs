@@ -384,6 +384,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         control.clone(),
         observed,
         rollout_lease,
+        node_id.clone(),
         stop_rx.clone(),
     ));
     let (grpc_stop_tx, grpc_stop_rx) = tokio::sync::watch::channel(false);

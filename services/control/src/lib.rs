@@ -13,6 +13,7 @@ pub mod policies;
 pub mod projection;
 mod replay;
 pub mod rollout_controller;
+pub mod rollout_windows;
 pub mod rollouts;
 pub mod routing;
 pub mod snapshot;

@@ -103,6 +103,7 @@ impl ControlState {
         let mut models_after = self.models.following();
         let mut corpora_after = self.corpora.following();
         let mut engines_after = self.engines.following();
+        let mut rollouts_after = self.rollouts.following();
         let mut failing = false;
         loop {
             let step = async {
@@ -112,6 +113,7 @@ impl ControlState {
                 self.corpora.follow_step(&mut corpora_after).await?;
                 self.policies.follow_step(&mut policies_after).await?;
                 self.engines.follow_step(&mut engines_after).await?;
+                self.rollouts.follow_step(&mut rollouts_after).await?;
                 self.snapshots
                     .follow_step(&self.corpora, &self.policies, &self.rollouts)
                     .await?;

@@ -17,7 +17,8 @@ use std::collections::BTreeMap;
 
 use aether_ledger::cluster::Fence;
 use aether_ledger::{Direction, EventStore, ExpectedVersion, LedgerError, NewEvent, RecordedEvent};
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
+use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::analysis::{
@@ -118,6 +119,22 @@ pub struct RolloutController {
     version: u64,
     /// The lease it acts under in a cluster: every record and action carries it.
     fence: Option<Fence>,
+    /// Stream version of `analysis/{rollout}/windows` read so far.
+    windows_read: u64,
+    /// Nodes' windows not yet checked, by start: their samples and whether thinned.
+    pending: BTreeMap<DateTime<Utc>, Vec<(WindowSamples, bool)>>,
+    /// Which node reported which span of time (empty windows included).
+    spans: Vec<(String, DateTime<Utc>, DateTime<Utc>)>,
+}
+
+/// How much evidence a check of merged windows had: the nodes whose windows it merged and
+/// the live nodes that had not reported when it was made.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Evidence {
+    pub nodes: Vec<String>,
+    pub missing: Vec<String>,
+    /// Some node's samples were thinned (counts are exact).
+    pub thinned: bool,
 }
 
 impl RolloutController {
@@ -173,6 +190,9 @@ impl RolloutController {
             snapshots: history.snapshots,
             version: history.version,
             fence,
+            windows_read: 0,
+            pending: BTreeMap::new(),
+            spans: Vec::new(),
         };
         // Step 0's snapshot, or the one a crash kept a step from taking.
         if controller
@@ -221,14 +241,132 @@ impl RolloutController {
             if self.finished().is_some() {
                 break;
             }
-            all.extend(self.check(&window).await?);
+            all.extend(self.check(&window, None).await?);
         }
         Ok(all)
+    }
+
+    /// Checks every window that ended by `now` from the windows all nodes recorded on the
+    /// ledger (`crate::rollout_windows`), merged. A window waits for the `expected` nodes
+    /// until `grace` after its end; then it is checked with what there is, the missing
+    /// nodes named in its `RolloutChecked`. A run of windows no node saw any traffic in is
+    /// one check. Returns the outcomes in order.
+    pub async fn tick_from_ledger(
+        &mut self,
+        now: DateTime<Utc>,
+        expected: &[String],
+        grace: TimeDelta,
+    ) -> Result<Vec<AnalysisOutcome>, ControllerError> {
+        self.read_windows().await?;
+        let length = self.windows.length();
+        let mut all = Vec::new();
+        while self.finished().is_none() {
+            let start = self.windows.next_start();
+            let mut end = start + length;
+            if end > now {
+                break;
+            }
+            let nodes = self.reported(start, end);
+            let missing: Vec<String> = expected
+                .iter()
+                .filter(|n| !nodes.contains(*n))
+                .cloned()
+                .collect();
+            if !missing.is_empty() && now < end + grace {
+                break;
+            }
+            let mut window = WindowSamples::new(start, end);
+            let mut thinned = false;
+            match self.pending.remove(&start) {
+                Some(parts) => {
+                    for (samples, t) in parts {
+                        window.merge(samples);
+                        thinned |= t;
+                    }
+                }
+                None => {
+                    // Quiet everywhere: one check up to the next window anyone saw traffic in.
+                    while end + length + grace <= now
+                        && !self.pending.range(..end + length).any(|_| true)
+                    {
+                        end += length;
+                    }
+                    window.end = end;
+                }
+            }
+            self.windows.skip_to(end);
+            self.spans.retain(|(_, _, until)| *until > end);
+            let evidence = Evidence {
+                nodes,
+                missing,
+                thinned,
+            };
+            all.extend(self.check(&window, Some(evidence)).await?);
+        }
+        Ok(all)
+    }
+
+    /// Reads the nodes' windows recorded since the last read.
+    async fn read_windows(&mut self) -> Result<(), ControllerError> {
+        let stream = crate::rollout_windows::windows_stream(&self.rollout_id);
+        let checked_until = self.windows.next_start();
+        loop {
+            let page = self
+                .store
+                .read_stream(&stream, self.windows_read + 1, Direction::Forward, 1000)
+                .await?;
+            for event in &page {
+                self.windows_read = event.stream_version;
+                if event.event_type != crate::rollout_windows::WINDOW_OBSERVED {
+                    continue;
+                }
+                let window: crate::rollout_windows::NodeWindow =
+                    serde_json::from_str(event.payload.get()).map_err(|e| {
+                        ControllerError::Corrupt {
+                            id: self.rollout_id.clone(),
+                            seq: event.seq,
+                            reason: e.to_string(),
+                        }
+                    })?;
+                let (start, end) = (window.samples.start, window.samples.end);
+                if end <= checked_until {
+                    continue;
+                }
+                self.spans.push((window.node, start, end));
+                let seen = window.samples.baseline.requests
+                    + window.samples.candidate.requests
+                    + (window.samples.baseline.batches.len()
+                        + window.samples.candidate.batches.len()) as u64;
+                if seen > 0 {
+                    self.pending
+                        .entry(start)
+                        .or_default()
+                        .push((window.samples, window.thinned));
+                }
+            }
+            if page.len() < 1000 {
+                return Ok(());
+            }
+        }
+    }
+
+    /// The nodes whose recorded windows cover `[start, end)`.
+    fn reported(&self, start: DateTime<Utc>, end: DateTime<Utc>) -> Vec<String> {
+        let mut nodes: Vec<String> = self
+            .spans
+            .iter()
+            .filter(|(_, from, until)| *from <= start && *until >= end)
+            .map(|(node, _, _)| node.clone())
+            .collect();
+        nodes.sort();
+        nodes.dedup();
+        nodes
     }
 
     async fn check(
         &mut self,
         window: &WindowSamples,
+        evidence: Option<Evidence>,
     ) -> Result<Vec<AnalysisOutcome>, ControllerError> {
         let rollout = self.rollout()?;
         // Manual gates: an operator's pause holds the analysis, their resume opens it.
@@ -269,15 +407,16 @@ impl RolloutController {
         }
         let mut state = self.analyzer.state().clone();
         state.reference = None; // recorded once, in DriftReferenceFixed
-        events.push(NewEvent::new(
-            CHECKED,
-            json!({
-                "window_start": window.start,
-                "window_end": window.end,
-                "step": self.step + increases,
-                "state": state,
-            }),
-        ));
+        let mut checked = json!({
+            "window_start": window.start,
+            "window_end": window.end,
+            "step": self.step + increases,
+            "state": state,
+        });
+        if let Some(evidence) = evidence {
+            checked["evidence"] = json!(evidence);
+        }
+        events.push(NewEvent::new(CHECKED, checked));
         let committed = self.record(events).await?;
         // Each action names the decision event behind it.
         let cause_of = |kind: &str| {

@@ -251,6 +251,52 @@ impl RolloutRegistry {
             .unwrap_or_default()
     }
 
+    /// Ids of the automated rollouts that route traffic: those under analysis.
+    pub fn analysed(&self) -> Vec<String> {
+        self.all()
+            .into_iter()
+            .filter(|r| r.automated && r.phase.routes())
+            .map(|r| r.id)
+            .collect()
+    }
+
+    /// Where following other nodes' rollout events starts.
+    pub(crate) fn following(&self) -> crate::replay::After {
+        crate::replay::After::new(EventFilter {
+            stream_prefix: Some("rollout/".into()),
+            ..EventFilter::default()
+        })
+    }
+
+    /// Applies rollout events recorded through another node (a start, a step, a weight, a
+    /// pause, a promotion …); events already applied here (this node's own, or read before)
+    /// are recognised by their stream version and change nothing. (The engines follow a
+    /// promotion themselves.)
+    pub(crate) async fn follow_step(
+        &self,
+        after: &mut crate::replay::After,
+    ) -> Result<(), LedgerError> {
+        while let Some(page) = after.next(&self.store).await? {
+            for event in &page {
+                let Some(id) = event.stream_id.strip_prefix("rollout/") else {
+                    continue;
+                };
+                let known = self
+                    .rollouts
+                    .read()
+                    .ok()
+                    .and_then(|m| m.get(id).map(|r| r.version));
+                if known.is_some_and(|v| event.stream_version <= v)
+                    || (known.is_none() && event.event_type != STARTED)
+                {
+                    continue;
+                }
+                self.apply(event);
+            }
+        }
+        Ok(())
+    }
+
     /// Puts a rollback's rollout routing in force (a rollback another node recorded).
     pub(crate) fn apply_rollback(&self, event: &RecordedEvent) {
         if event.event_type == ROLLED_BACK {

@@ -152,6 +152,52 @@ impl StageSamples {
         self.scored_ids.insert(o.request_id);
     }
 
+    /// Adds what another node saw of this stage in the same window: counts add up,
+    /// samples and id sets join.
+    pub fn merge(&mut self, other: StageSamples) {
+        self.requests += other.requests;
+        self.shadow += other.shadow;
+        self.errors += other.errors;
+        self.latencies_us.extend(other.latencies_us);
+        self.scores.extend(other.scores);
+        self.confidences.extend(other.confidences);
+        self.scored_ids.extend(other.scored_ids);
+        self.flagged_ids.extend(other.flagged_ids);
+        self.rules_flagged += other.rules_flagged;
+        self.compliance_misses += other.compliance_misses;
+        for (name, values) in other.features {
+            self.features.entry(name).or_default().extend(values);
+        }
+        self.batches.extend(other.batches);
+    }
+
+    /// Bounds each series to `max` values, keeping the counts exact: evenly spaced order
+    /// statistics, the same distribution for percentiles, KS and Wasserstein.
+    fn thin_values(&mut self, max: usize) {
+        thin_u64(&mut self.latencies_us, max);
+        thin_f64(&mut self.scores, max);
+        thin_f64(&mut self.confidences, max);
+        for values in self.features.values_mut() {
+            thin_f64(values, max);
+        }
+        if self.batches.len() > max {
+            let n = self.batches.len();
+            self.batches = (0..max)
+                .map(|i| self.batches[i * (n - 1) / (max - 1).max(1)].clone())
+                .collect();
+        }
+    }
+
+    fn sample_count(&self) -> usize {
+        self.latencies_us.len()
+            + self.scores.len()
+            + self.confidences.len()
+            + self.features.values().map(Vec::len).sum::<usize>()
+            + self.batches.len()
+            + self.scored_ids.len()
+            + self.flagged_ids.len()
+    }
+
     /// The golden metrics of this stage; `settings` says when a queue is full.
     pub fn metrics(&self, settings: &WindowSettings) -> StageMetrics {
         let mut sorted = self.latencies_us.clone();
@@ -278,6 +324,36 @@ impl WindowSamples {
             Stage::Baseline => &mut self.baseline,
             Stage::Candidate => &mut self.candidate,
         }
+    }
+
+    /// Adds what another node saw in the same window.
+    pub fn merge(&mut self, other: WindowSamples) {
+        self.baseline.merge(other.baseline);
+        self.candidate.merge(other.candidate);
+    }
+
+    /// Bounds the samples to `max` values per series and about `max` request ids per
+    /// stage, keeping the counts exact: series become evenly spaced order statistics, ids a
+    /// deterministic subset chosen by each id's SM3, the same for both stages, so their
+    /// agreement is still measured on common requests. Returns whether anything was dropped.
+    pub fn thin(&mut self, max: usize) -> bool {
+        let before = self.baseline.sample_count() + self.candidate.sample_count();
+        self.baseline.thin_values(max);
+        self.candidate.thin_values(max);
+        let ids = self
+            .baseline
+            .scored_ids
+            .len()
+            .max(self.candidate.scored_ids.len());
+        if ids > max {
+            // The same threshold for both stages, so their common requests stay common.
+            let keep = id_sampler(ids, max);
+            for stage in [&mut self.baseline, &mut self.candidate] {
+                stage.scored_ids.retain(|id| keep(id));
+                stage.flagged_ids.retain(|id| keep(id));
+            }
+        }
+        self.baseline.sample_count() + self.candidate.sample_count() < before
     }
 
     /// Adds one request after checking it; the window's time bounds are the caller's
@@ -486,6 +562,24 @@ impl WindowAggregator {
         self.window_for(b.at)?.add_batch(b)
     }
 
+    /// Where the next window to close starts.
+    pub fn next_start(&self) -> DateTime<Utc> {
+        self.start_of(self.next_index)
+    }
+
+    /// The window length.
+    pub fn length(&self) -> TimeDelta {
+        TimeDelta::try_milliseconds(self.length_ms).unwrap_or(TimeDelta::MAX)
+    }
+
+    /// Marks every window before `end` closed (their observations, if any, are dropped).
+    pub fn skip_to(&mut self, end: DateTime<Utc>) {
+        if let Some(index) = self.index_of(end) {
+            self.open.retain(|i, _| *i >= index);
+            self.next_index = self.next_index.max(index);
+        }
+    }
+
     /// Closes every window that ended at or before `now`, in time order. A run of windows
     /// with no observation at all comes back as one empty window spanning the gap, so a
     /// long silence is one inconclusive check, not thousands.
@@ -516,6 +610,34 @@ impl WindowAggregator {
             self.next_index = current;
         }
         closed
+    }
+}
+
+/// Evenly spaced order statistics: at most `max` values of the same distribution.
+fn thin_f64(values: &mut Vec<f64>, max: usize) {
+    if values.len() > max && max > 1 {
+        values.sort_by(f64::total_cmp);
+        let n = values.len();
+        *values = (0..max).map(|i| values[i * (n - 1) / (max - 1)]).collect();
+    }
+}
+
+fn thin_u64(values: &mut Vec<u64>, max: usize) {
+    if values.len() > max && max > 1 {
+        values.sort_unstable();
+        let n = values.len();
+        *values = (0..max).map(|i| values[i * (n - 1) / (max - 1)]).collect();
+    }
+}
+
+/// Keeps about `max` of `n` request ids, the same ones wherever it is asked: those whose
+/// SM3's first two bytes fall below `65536 · max / n`.
+fn id_sampler(n: usize, max: usize) -> impl Fn(&String) -> bool {
+    let threshold = (65_536u64 * max as u64 / n.max(1) as u64).min(65_536);
+    move |id: &String| {
+        use sm3::Digest;
+        let digest = sm3::Sm3::digest(id.as_bytes());
+        u64::from(u16::from_be_bytes([digest[0], digest[1]])) < threshold
     }
 }
 
