@@ -487,6 +487,13 @@ async fn a_database_outage_is_answered_503_with_retry_after_at_once() {
         assert_eq!(resp.headers()["retry-after"], "1", "{method} {path}");
         assert_eq!(resp.headers()["content-type"], "application/problem+json");
     }
+    // Past 5 s without applying the ledger's control events, the node says it is catching
+    // up (a load balancer takes it out), and it is ready again once it has followed.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let resp = client.get(server.url("/readyz")).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 503);
+    let problem: Value = resp.json().await.unwrap();
+    assert_eq!(problem["title"], "Catching up", "{problem}");
 
     outage.set(true);
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -494,6 +501,20 @@ async fn a_database_outage_is_answered_503_with_retry_after_at_once() {
         assert!(
             Instant::now() < deadline,
             "appends did not recover after the outage"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    while client
+        .get(server.url("/readyz"))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        != 200
+    {
+        assert!(
+            Instant::now() < deadline,
+            "never ready again after the outage"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -34,6 +34,9 @@ pub struct ControlState {
     /// The seq through which everything recorded by other nodes has been applied here
     /// ([`Self::follow`]); 0 before its first step.
     followed: Arc<AtomicU64>,
+    /// When the control plane was last known complete: the replay, then each successful
+    /// step of [`Self::follow`].
+    complete_at: Arc<std::sync::Mutex<std::time::Instant>>,
 }
 
 impl ControlState {
@@ -80,6 +83,7 @@ impl ControlState {
         Ok(ControlState {
             store: store.clone(),
             followed: Arc::default(),
+            complete_at: Arc::new(std::sync::Mutex::new(std::time::Instant::now())),
             corpora,
             policies,
             models,
@@ -93,7 +97,7 @@ impl ControlState {
     /// promotions) and snapshots and rollbacks that other nodes of the cluster record on the
     /// shared ledger, every `every`, until `stop`: a policy ingested, an engine activated or
     /// a rollback made through one node is in force on the others within about `every`.
-    /// (Rollouts started through another node are applied when this node starts.)
+    /// Rollouts started and moved through another node are followed too.
     pub async fn follow(
         self,
         every: std::time::Duration,
@@ -118,6 +122,9 @@ impl ControlState {
                     .follow_step(&self.corpora, &self.policies, &self.rollouts)
                     .await?;
                 self.followed.fetch_max(head, Ordering::Relaxed);
+                if let Ok(mut at) = self.complete_at.lock() {
+                    *at = std::time::Instant::now();
+                }
                 Ok::<(), LedgerError>(())
             };
             match step.await {
@@ -143,6 +150,16 @@ impl ControlState {
     /// (reported with the heartbeat, so that a rollback can say where it is in force).
     pub fn followed_through(&self) -> u64 {
         self.followed.load(Ordering::Relaxed)
+    }
+
+    /// How long ago this node's control plane was last known to hold everything recorded
+    /// on the ledger (at the replay, then at each step of [`Self::follow`]): a node that
+    /// cannot follow the others is not ready for traffic.
+    pub fn complete_since(&self) -> std::time::Duration {
+        self.complete_at
+            .lock()
+            .map(|at| at.elapsed())
+            .unwrap_or(std::time::Duration::MAX)
     }
 
     /// `origin` naming the snapshot in force, as every control event must.
