@@ -79,6 +79,11 @@ pub struct ClearingBench {
     /// member sending many trades would connect).
     #[arg(long, value_enum, default_value_t = Api::Stream)]
     api: Api,
+    /// Also measure a cluster: after the single node, 2 … N `aether serve` nodes on the same
+    /// PostgreSQL database (one PKI, checkpoint key and Delta location), the load spread
+    /// over their gateways, each phase against the single node of the same run.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=8))]
+    nodes: u64,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -99,14 +104,16 @@ struct ClientArgs {
     /// Data directory of the server (development PKI and envelope public key).
     #[arg(long)]
     data_dir: PathBuf,
-    /// `https://…` of the clearing gateway.
+    /// `https://…` of the clearing gateway; several, comma-separated, for a cluster (the
+    /// channels go to them in turn).
     #[arg(long)]
     gateway: String,
     /// `https://…` of the echo server.
     #[arg(long)]
     echo: Option<String>,
-    #[arg(long)]
-    gateway_pid: Option<u32>,
+    /// The gateways' processes (comma-separated): their CPU is reported, summed.
+    #[arg(long, value_delimiter = ',')]
+    gateway_pid: Vec<u32>,
     #[arg(long)]
     echo_pid: Option<u32>,
     /// The server's PostgreSQL database: CPU of its backends is reported.
@@ -248,8 +255,23 @@ struct Report {
     gateway: PhaseResult,
     echo: Option<PhaseResult>,
     ratio_to_echo: Option<f64>,
+    /// With `--nodes N`: the gateway phase with 2 … N nodes, after the single node's.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    cluster: Vec<NodesPhase>,
     targets: Vec<Verdict>,
 }
+
+/// The load spread over `nodes` gateways of one cluster.
+#[derive(Serialize, Debug, Clone)]
+struct NodesPhase {
+    nodes: u64,
+    result: PhaseResult,
+    /// Throughput against the single node of the same run.
+    ratio_to_one_node: f64,
+}
+
+/// The target for a cluster on one machine: N nodes lose at most 15 %.
+const TARGET_CLUSTER_RATIO: f64 = 0.85;
 
 #[derive(Serialize)]
 struct Verdict {
@@ -307,7 +329,7 @@ async fn driver(b: ClearingBench) -> anyhow::Result<()> {
     } else if let Some(db) = scratch {
         db.drop().await;
     }
-    let (gateway, echo, lineage) = result?;
+    let (gateway, echo, lineage, cluster_phases) = result?;
 
     let ratio = echo
         .as_ref()
@@ -332,6 +354,28 @@ async fn driver(b: ClearingBench) -> anyhow::Result<()> {
             met: r >= TARGET_RATIO,
         });
     }
+    let cluster: Vec<NodesPhase> = cluster_phases
+        .into_iter()
+        .map(|(nodes, result)| NodesPhase {
+            nodes,
+            ratio_to_one_node: if gateway.requests_per_sec > 0.0 {
+                result.requests_per_sec / gateway.requests_per_sec
+            } else {
+                0.0
+            },
+            result,
+        })
+        .collect();
+    if let Some(last) = cluster.last() {
+        targets.push(Verdict {
+            target: format!(
+                "{} nodes ≥ {TARGET_CLUSTER_RATIO} of one node's throughput",
+                last.nodes
+            ),
+            measured: format!("{:.3}", last.ratio_to_one_node),
+            met: last.ratio_to_one_node >= TARGET_CLUSTER_RATIO,
+        });
+    }
     let report = Report {
         command,
         database,
@@ -349,6 +393,7 @@ async fn driver(b: ClearingBench) -> anyhow::Result<()> {
         gateway,
         echo,
         ratio_to_echo: ratio,
+        cluster,
         targets,
     };
     if b.json {
@@ -367,13 +412,26 @@ fn say(json: bool, line: &str) {
     }
 }
 
-/// Starts the server, sets up the engine, starts the echo server, runs the client.
+/// What [`measure`] brings back: the gateway, the echo, lineage's lag after the gateway
+/// phase, and with `--nodes` each cluster phase (nodes, result).
+type Measured = (
+    PhaseResult,
+    Option<PhaseResult>,
+    Option<LineageLag>,
+    Vec<(u64, PhaseResult)>,
+);
+
+/// Starts the server, sets up the engine, starts the echo server, runs the client; with
+/// `--nodes`, then starts the other nodes and runs the client over 2 … N gateways.
 async fn measure(
     b: &ClearingBench,
     data: &Path,
     tmp: &Path,
     database: Option<(&str, &str)>,
-) -> anyhow::Result<(PhaseResult, Option<PhaseResult>, Option<LineageLag>)> {
+) -> anyhow::Result<Measured> {
+    if b.nodes > 1 && database.is_none() {
+        bail!("--nodes needs PostgreSQL (--database-url): SQLite is a single node");
+    }
     let operator = format!("bench-operator-{}", uuid::Uuid::now_v7().simple());
     let regulator = format!("bench-regulator-{}", uuid::Uuid::now_v7().simple());
     let log_path = tmp.join("serve.log");
@@ -396,6 +454,7 @@ async fn measure(
             log_path.display()
         ),
     );
+    let mut extra: Vec<ServeChild> = Vec::new();
     let outcome = async {
         setup_engine(&server.http, data, &operator, &regulator).await?;
         let answer_len = probe(&server.grpc, data).await?;
@@ -404,7 +463,15 @@ async fn measure(
             &format!("engine active; a probe trade was cleared (sealed answer {answer_len} bytes)"),
         );
         let (echo_url, echo_stop) = start_echo(data, answer_len).await?;
-        let client = run_client(b, data, &server.grpc, &echo_url, server.pid, database).await;
+        let client = run_client(
+            b,
+            data,
+            &server.grpc,
+            Some(&echo_url),
+            &[server.pid],
+            database,
+        )
+        .await;
         let _ = echo_stop.send(true);
         let (gateway, echo) = client?;
         // A bench that ran is reported even if the gauges cannot be read.
@@ -417,9 +484,42 @@ async fn measure(
                 )
             })
             .ok();
-        anyhow::Ok((gateway, echo, lineage))
+        let mut phases = Vec::new();
+        for n in 2..=b.nodes {
+            let node = start_node(b, data, tmp, n, database, &operator, &regulator).await?;
+            say(
+                b.json,
+                &format!(
+                    "node {n} pid {} at {}; it follows the engine",
+                    node.pid, node.grpc
+                ),
+            );
+            extra.push(node);
+            let grpc: Vec<&str> = std::iter::once(server.grpc.as_str())
+                .chain(extra.iter().map(|n| n.grpc.as_str()))
+                .collect();
+            let pids: Vec<u32> = std::iter::once(server.pid)
+                .chain(extra.iter().map(|n| n.pid))
+                .collect();
+            let (result, _) =
+                run_client(b, data, &grpc.join(","), None, &pids, database).await?;
+            say(
+                b.json,
+                &format!(
+                    "{n} nodes: {:.0} requests/s, p99 {:.2} ms",
+                    result.requests_per_sec, result.p99_ms
+                ),
+            );
+            phases.push((n, result));
+            // The relays drain before the next phase, as after the single node's.
+            let _ = lineage_catch_up(&server.http, &operator).await;
+        }
+        anyhow::Ok((gateway, echo, lineage, phases))
     }
     .await;
+    for mut node in extra {
+        node.stop().await;
+    }
     server.stop().await;
     outcome.map_err(|e| {
         let log = std::fs::read_to_string(&log_path).unwrap_or_default();
@@ -427,6 +527,57 @@ async fn measure(
         let tail: Vec<&str> = tail.into_iter().rev().collect();
         e.context(format!("the server's log ends:\n{}", tail.join("\n")))
     })
+}
+
+/// Starts node `n` of the cluster in `<tmp>/data-<n>` with the first node's PKI, keys and
+/// Delta location, and waits until it has followed the engine the first node activated.
+async fn start_node(
+    b: &ClearingBench,
+    data: &Path,
+    tmp: &Path,
+    n: u64,
+    database: Option<(&str, &str)>,
+    operator: &str,
+    regulator: &str,
+) -> anyhow::Result<ServeChild> {
+    let own = tmp.join(format!("data-{n}"));
+    for dir in ["certs", "keys"] {
+        crate::bench_failover::copy_dir(&data.join(dir), &own.join(dir))
+            .with_context(|| format!("cannot copy {dir} for node {n}"))?;
+    }
+    let delta = data.join("delta");
+    let models = data.join("model");
+    let (delta, models) = (
+        delta.to_str().context("the temp path is not UTF-8")?,
+        models.to_str().context("the temp path is not UTF-8")?,
+    );
+    let node_id = format!("bench-node-{n}");
+    let node = ServeChild::start_with_env(
+        &own,
+        &tmp.join(format!("serve-{n}.log")),
+        database.map(|(url, _)| url),
+        Some(&format!("operator:{operator},regulator:{regulator}")),
+        b.batch_delay_us,
+        "warn",
+        &[
+            ("AETHER_NODE_ID", node_id.as_str()),
+            ("AETHER_DELTA_URI", delta),
+            ("AETHER_MODEL_DIRS", models),
+        ],
+    )
+    .await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, body) = http_request(&node.http, "GET", "/v1/engines", operator, None).await?;
+        let engines: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        if status == 200 && engines["engines"][0]["status"] == "active" {
+            return Ok(node);
+        }
+        if Instant::now() > deadline {
+            bail!("node {n} did not follow the engine within 30 s: {body}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// How long the bench waits for the lineage relays once the load has stopped.
@@ -732,17 +883,22 @@ async fn run_client(
     b: &ClearingBench,
     data: &Path,
     gateway: &str,
-    echo: &str,
-    gateway_pid: u32,
+    echo: Option<&str>,
+    gateway_pids: &[u32],
     database: Option<(&str, &str)>,
 ) -> anyhow::Result<(PhaseResult, Option<PhaseResult>)> {
     let exe = std::env::current_exe().context("cannot find the aether binary")?;
     let mut cmd = tokio::process::Command::new(exe);
+    let pids: Vec<String> = gateway_pids.iter().map(u32::to_string).collect();
     cmd.args(["bench", "clearing", "client", "--data-dir"])
         .arg(data)
-        .args(["--gateway", gateway, "--echo", echo])
-        .args(["--gateway-pid", &gateway_pid.to_string()])
-        .args(["--echo-pid", &std::process::id().to_string()])
+        .args(["--gateway", gateway])
+        .args(["--gateway-pid", &pids.join(",")]);
+    if let Some(echo) = echo {
+        cmd.args(["--echo", echo])
+            .args(["--echo-pid", &std::process::id().to_string()]);
+    }
+    cmd
         .args(["--concurrency", &b.concurrency.to_string()])
         .args(["--channels", &b.channels.to_string()])
         .args(["--duration-secs", &b.duration_secs.to_string()])
@@ -943,6 +1099,40 @@ fn print_table(r: &Report) {
     if let Some(line) = cpu_line(g, r.echo.as_ref()) {
         println!("{line}");
     }
+    if !r.cluster.is_empty() {
+        println!(
+            "\n| nodes | requests/s | p50 ms | p99 ms | p99.9 ms | errors | server CPU µs/request | vs one node |"
+        );
+        println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+        let per_request = |p: &PhaseResult| {
+            p.server_cpu_secs
+                .filter(|_| p.ok > 0)
+                .map_or("—".to_owned(), |s| format!("{:.0}", s * 1e6 / p.ok as f64))
+        };
+        println!(
+            "| 1 | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | 1.000 |",
+            g.requests_per_sec,
+            g.p50_ms,
+            g.p99_ms,
+            g.p999_ms,
+            g.errors.values().sum::<u64>(),
+            per_request(g)
+        );
+        for c in &r.cluster {
+            let p = &c.result;
+            println!(
+                "| {} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {:.3} |",
+                c.nodes,
+                p.requests_per_sec,
+                p.p50_ms,
+                p.p99_ms,
+                p.p999_ms,
+                p.errors.values().sum::<u64>(),
+                per_request(p),
+                c.ratio_to_one_node
+            );
+        }
+    }
     println!("\n| target | measured | verdict |\n|---|---|---|");
     for v in &r.targets {
         println!(
@@ -1061,9 +1251,9 @@ async fn client_main(args: ClientArgs) -> anyhow::Result<()> {
     let run_id = uuid::Uuid::now_v7().simple().to_string();
     let mut targets = Vec::new();
     if let Some(echo) = &args.echo {
-        targets.push((Target::Echo, echo.clone(), args.echo_pid));
+        targets.push((Target::Echo, echo.clone(), args.echo_pid.into_iter().collect()));
     }
-    targets.push((Target::Gateway, args.gateway.clone(), args.gateway_pid));
+    targets.push((Target::Gateway, args.gateway.clone(), args.gateway_pid.clone()));
     for (i, (target, url, pid)) in targets.into_iter().enumerate() {
         if i > 0 {
             tokio::time::sleep(Duration::from_secs(2)).await;
@@ -1076,7 +1266,7 @@ async fn client_main(args: ClientArgs) -> anyhow::Result<()> {
             args.warmup_secs,
             args.duration_secs
         );
-        let result = phase(&args, target, &url, pid, server_key.clone(), &run_id).await?;
+        let result = phase(&args, target, &url, &pid, server_key.clone(), &run_id).await?;
         println!("{RESULT_PREFIX}{}", serde_json::to_string(&result)?);
     }
     Ok(())
@@ -1141,13 +1331,15 @@ async fn phase(
     args: &ClientArgs,
     target: Target,
     url: &str,
-    server_pid: Option<u32>,
+    server_pids: &[u32],
     server_key: Arc<sm2::PublicKey>,
     run_id: &str,
 ) -> anyhow::Result<PhaseResult> {
+    let urls: Vec<&str> = url.split(',').filter(|u| !u.is_empty()).collect();
     let mut channels = Vec::with_capacity(args.channels);
     for i in 0..args.channels {
         let member = MEMBERS[i % MEMBERS.len()];
+        let url = urls[i % urls.len().max(1)];
         channels.push((connect(url, &args.data_dir, member).await?, member));
     }
     let measure_from = tokio::time::Instant::now() + Duration::from_secs(args.warmup_secs);
@@ -1183,13 +1375,13 @@ async fn phase(
     // CPU use over the measured interval only.
     tokio::time::sleep_until(measure_from).await;
     let database = args.database_name.as_deref();
-    let before = CpuSnapshot::take(server_pid, database);
+    let before = CpuSnapshot::take(server_pids, database);
     let wal_before = match postgres.as_mut() {
         Some(conn) => Some(WalSnapshot::take(conn).await?),
         None => None,
     };
     tokio::time::sleep_until(measure_to).await;
-    let after = CpuSnapshot::take(server_pid, database);
+    let after = CpuSnapshot::take(server_pids, database);
     let postgres = match (postgres.as_mut(), wal_before) {
         (Some(conn), Some(before)) => Some(WalSnapshot::take(conn).await?.since(&before)),
         _ => None,
@@ -1401,6 +1593,11 @@ async fn load_task(mut c: TaskCtx) -> anyhow::Result<TaskStats> {
                             Err(("BAD_ANSWER".to_owned(), "wrong request id".to_owned()))
                         }
                     }
+                    // A stream item the gateway refused on its own (`SealedResponse.error`).
+                    Target::Gateway if response.error.is_some() => {
+                        let e = response.error.unwrap_or_default();
+                        Err((format!("ITEM_{}", e.code), e.message))
+                    }
                     Target::Gateway => open(
                         &key,
                         &aad.response(response.issued_at),
@@ -1609,11 +1806,19 @@ struct CpuSnapshot {
 }
 
 impl CpuSnapshot {
-    fn take(server: Option<u32>, database: Option<&str>) -> CpuSnapshot {
+    /// `servers`: the server processes (several nodes: summed).
+    fn take(servers: &[u32], database: Option<&str>) -> CpuSnapshot {
+        let sum = |ticks: &dyn Fn(u32) -> Option<u64>| {
+            servers
+                .iter()
+                .map(|p| ticks(*p))
+                .try_fold(0, |total, t| t.map(|t| total + t))
+                .filter(|_| !servers.is_empty())
+        };
         CpuSnapshot {
             client: process_ticks("self"),
-            server: server.and_then(|p| process_ticks(&p.to_string())),
-            server_background: server.and_then(background_ticks),
+            server: sum(&|p| process_ticks(&p.to_string())),
+            server_background: sum(&background_ticks),
             postgres: database.and_then(postgres_ticks),
             machine: machine_ticks(),
         }

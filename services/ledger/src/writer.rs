@@ -247,6 +247,7 @@ pub(crate) async fn run(
         closed: false,
     };
     let mut cache = ChainCache::default();
+    let mut contention = Contention::default();
     let mut inflight: VecDeque<InFlight> = VecDeque::new();
     // The newest in-flight batch's commit, which the next batch commits after.
     let mut last_commit: Option<oneshot::Receiver<bool>> = None;
@@ -290,7 +291,10 @@ pub(crate) async fn run(
         }
         // Plan on the chain the in-flight batches will leave, while they are in the database.
         let requests: Vec<&[StreamAppend]> = batch.iter().map(|p| p.appends.as_slice()).collect();
-        let planned = if batch.is_empty() || cache.head.is_none() {
+        // While other processes append too, each batch is planned and committed under the
+        // append lock, after everything in flight (see `Contention`).
+        let locked = contention.on() && db.postgres().is_some();
+        let planned = if batch.is_empty() || cache.head.is_none() || locked {
             None
         } else {
             Some(prepare(&db, &mut cache, &requests, inflight.is_empty()).await)
@@ -314,7 +318,17 @@ pub(crate) async fn run(
             let Some(oldest) = inflight.pop_front() else {
                 break;
             };
-            match finish(&db, &mut cache, oldest, &mut inflight, &committed, &tail).await {
+            match finish(
+                &db,
+                &mut cache,
+                &mut contention,
+                oldest,
+                &mut inflight,
+                &committed,
+                &tail,
+            )
+            .await
+            {
                 Ok(committed_batch) => answers.push(committed_batch),
                 Err(batches) => rolled_back = Some(batches),
             }
@@ -329,6 +343,33 @@ pub(crate) async fn run(
             continue;
         }
         let requests: Vec<&[StreamAppend]> = batch.iter().map(|p| p.appends.as_slice()).collect();
+        if let (true, Some(pool)) = (locked, db.postgres()) {
+            let written = write_locked(pool, &mut cache, &mut contention, &requests).await;
+            drop(requests);
+            match written {
+                Ok((rows, outcomes)) => {
+                    tail.publish(rows);
+                    answers.push((batch, outcomes));
+                }
+                Err(e) if is_unique_violation(&e) || is_refused_row(&e) => {
+                    cache.invalidate();
+                    for p in batch {
+                        let outcome = write_alone(&db, &mut cache, &mut contention, &p.appends).await;
+                        answer(vec![p], vec![outcome], &committed);
+                    }
+                }
+                Err(e) => {
+                    cache.invalidate();
+                    tracing::error!(error = %e, requests = batch.len(), "ledger batch commit failed");
+                    let outcomes = batch
+                        .iter()
+                        .map(|_| Err(LedgerError::CommitFailed(e.to_string())))
+                        .collect();
+                    answer(batch, outcomes, &committed);
+                }
+            }
+            continue;
+        }
         let plan = match planned {
             Some(Ok(plan)) if plan.conflicts.is_empty() => Ok(plan),
             // No optimistic plan, a failed read, or expected-version conflicts that need a
@@ -403,6 +444,7 @@ pub(crate) async fn run(
 async fn finish(
     db: &Db,
     cache: &mut ChainCache,
+    contention: &mut Contention,
     f: InFlight,
     later: &mut VecDeque<InFlight>,
     committed: &watch::Sender<u64>,
@@ -432,7 +474,7 @@ async fn finish(
         // fails, never the other callers that happened to share its batch.
         Err(InsertError::Sql(e)) if is_unique_violation(&e) || is_refused_row(&e) => {
             for p in batch {
-                let outcome = write_alone(db, cache, &p.appends).await;
+                let outcome = write_alone(db, cache, contention, &p.appends).await;
                 answer(vec![p], vec![outcome], committed);
             }
         }
@@ -525,6 +567,78 @@ async fn prepare(
     Ok(plan)
 }
 
+/// Whether other processes append to the same PostgreSQL ledger. Alone, a writer plans
+/// on its cached head and pipelines batches; once another process moved the chain under it
+/// (a batch refused by the seq key), every batch is planned and committed under the
+/// append lock, one at a time, for [`CONTENDED_FOR`] after another writer was last seen:
+/// without it, two busy nodes lose race after race and answer UNAVAILABLE.
+#[derive(Default)]
+struct Contention {
+    until: Option<Instant>,
+}
+
+/// How long the writer stays in contention mode after it last saw another writer.
+const CONTENDED_FOR: Duration = Duration::from_secs(30);
+
+impl Contention {
+    fn on(&self) -> bool {
+        self.until.is_some_and(|until| Instant::now() < until)
+    }
+
+    fn seen(&mut self) {
+        if !self.on() {
+            tracing::info!("another process appends to this ledger: batches are committed under the append lock");
+        }
+        metrics::counter!("aether_ledger_other_writer_seen_total").increment(1);
+        self.until = Some(Instant::now() + CONTENDED_FOR);
+    }
+}
+
+/// Plans `requests` and commits them under the append lock, on the chain as it stands
+/// inside the lock: nothing can move it in between, so the only refusals are the
+/// requests' own (a duplicate id, an expected version, a stale fence).
+async fn write_locked(
+    pool: &sqlx::PgPool,
+    cache: &mut ChainCache,
+    contention: &mut Contention,
+    requests: &[&[StreamAppend]],
+) -> Result<(Arc<Vec<EventRow>>, Vec<RequestOutcome>), sqlx::Error> {
+    let mut locked = crate::store::postgres::LockedAppend::begin(pool).await?;
+    let head = locked.head().await?;
+    let moved = match cache.head {
+        Some(cached) => cached.map(|h| (h.seq, h.hash)) != head.map(|h| (h.seq, h.hash)),
+        None => false,
+    };
+    if moved {
+        // Another process appended since this one's last batch.
+        cache.invalidate();
+        contention.seen();
+    }
+    cache.head = Some(head);
+    let missing: Vec<String> = streams_of(requests)
+        .into_iter()
+        .filter(|s| !cache.versions.contains_key(s))
+        .collect();
+    if !missing.is_empty() {
+        let found = locked.versions(&missing).await?;
+        for stream in missing {
+            let v = found.get(&stream).copied().unwrap_or(0);
+            cache.versions.insert(stream, v);
+        }
+    }
+    let mut plan = plan_batch(head, &cache.versions, requests, ledger_now());
+    // The versions are the database's: an expected-version refusal stands.
+    plan.conflicts.clear();
+    if plan.rows.is_empty() {
+        drop(locked);
+    } else {
+        locked.commit(&plan.rows).await?;
+    }
+    apply(cache, &plan);
+    let Plan { rows, outcomes, .. } = plan;
+    Ok((Arc::new(rows), outcomes))
+}
+
 /// Records a plan's effect on the chain, before its commit (see the module doc).
 fn apply(cache: &mut ChainCache, plan: &Plan) {
     cache.head = Some(plan.head);
@@ -539,22 +653,33 @@ fn apply(cache: &mut ChainCache, plan: &Plan) {
 /// Writes one request on its own, re-reading the chain after each uniqueness conflict: a
 /// reused event id is the caller's error; anything else is another writer that got there
 /// first, so it is retried a few times.
-async fn write_alone(db: &Db, cache: &mut ChainCache, appends: &[StreamAppend]) -> RequestOutcome {
+async fn write_alone(
+    db: &Db,
+    cache: &mut ChainCache,
+    contention: &mut Contention,
+    appends: &[StreamAppend],
+) -> RequestOutcome {
     const ATTEMPTS: u32 = 5;
     for _ in 0..ATTEMPTS {
-        let result = match prepare(db, cache, &[appends], true).await {
-            Ok(plan) => {
-                let inserted = if plan.rows.is_empty() {
-                    Ok(())
-                } else {
-                    db.insert_rows(&plan.rows).await
-                };
-                inserted.map(|()| {
-                    apply(cache, &plan);
-                    plan.outcomes
-                })
-            }
-            Err(e) => Err(e),
+        let result = match db.postgres().filter(|_| contention.on()) {
+            // Under the append lock nobody else moves the chain: no race to lose.
+            Some(pool) => write_locked(pool, cache, contention, &[appends])
+                .await
+                .map(|(_, outcomes)| outcomes),
+            None => match prepare(db, cache, &[appends], true).await {
+                Ok(plan) => {
+                    let inserted = if plan.rows.is_empty() {
+                        Ok(())
+                    } else {
+                        db.insert_rows(&plan.rows).await
+                    };
+                    inserted.map(|()| {
+                        apply(cache, &plan);
+                        plan.outcomes
+                    })
+                }
+                Err(e) => Err(e),
+            },
         };
         match result {
             Ok(mut outcomes) => return outcomes.pop().unwrap_or(Err(LedgerError::WriterClosed)),
@@ -566,6 +691,8 @@ async fn write_alone(db: &Db, cache: &mut ChainCache, appends: &[StreamAppend]) 
                 if violates(&e, ONE_DECISION_INDEX) {
                     return Err(request_id_taken(&e));
                 }
+                // Another process moved the chain: append under the lock from now on.
+                contention.seen();
             }
             Err(e) if has_code(&e, crate::cluster::FENCED_SQLSTATE) => {
                 cache.invalidate();

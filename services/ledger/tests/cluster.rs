@@ -251,3 +251,46 @@ async fn a_checkpointer_takes_over_when_the_holder_dies() {
     b.shutdown().await;
     db.drop_database().await;
 }
+
+/// Two busy nodes appending to one ledger: every append goes through (none refused for a
+/// race lost to the other writer), and the chain is one. Each writer, once it has seen the
+/// other, plans and commits its batches under the append lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_busy_writers_get_every_append_through() {
+    let db = TestDatabase::create().await;
+    let a = open(&db).await;
+    let b = open(&db).await;
+    let mut tasks = Vec::new();
+    for t in 0..128u64 {
+        let store = if t % 2 == 0 { a.clone() } else { b.clone() };
+        tasks.push(tokio::spawn(async move {
+            let mut refused = Vec::new();
+            for i in 0..40u64 {
+                let event = NewEvent::new("Traded", json!({"t": t, "i": i}));
+                if let Err(e) = store
+                    .append(&format!("trades/{t}"), ExpectedVersion::Any, vec![event])
+                    .await
+                {
+                    refused.push(e.to_string());
+                }
+            }
+            refused
+        }));
+    }
+    let mut refused = Vec::new();
+    for task in tasks {
+        refused.extend(task.await.unwrap());
+    }
+    assert!(
+        refused.is_empty(),
+        "{} of 5120 appends refused, first: {:?}",
+        refused.len(),
+        refused.first()
+    );
+    assert_eq!(head(&a).await, 5120);
+    let report = verify_store(&a, None, |_| {}).await.unwrap();
+    assert!(report.is_ok(), "{:?}", report.failure);
+    a.shutdown().await;
+    b.shutdown().await;
+    db.drop_database().await;
+}

@@ -15,7 +15,7 @@ mod failover;
 mod filter;
 mod pg_copy;
 pub(crate) mod plan;
-mod postgres;
+pub(crate) mod postgres;
 mod sqlite;
 
 use std::str::FromStr;
@@ -169,6 +169,14 @@ pub(crate) enum Db {
 }
 
 impl Db {
+    /// The PostgreSQL pool, for the writer's contention mode (`None` on SQLite: one process).
+    pub(crate) fn postgres(&self) -> Option<&PgPool> {
+        match self {
+            Db::Postgres(p) => Some(p),
+            Db::Sqlite(_) => None,
+        }
+    }
+
     pub(crate) async fn read_head(&self) -> Result<Option<plan::Head>, sqlx::Error> {
         match self {
             Db::Postgres(p) => postgres::read_head(p).await,

@@ -30,9 +30,11 @@ fn event(row: &PgRow) -> Result<RecordedEvent, LedgerError> {
 }
 
 /// The last committed event, read outside any transaction: the writer caches it.
-pub(crate) async fn read_head(pool: &PgPool) -> Result<Option<Head>, sqlx::Error> {
+pub(crate) async fn read_head<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+) -> Result<Option<Head>, sqlx::Error> {
     sqlx::query("SELECT seq, hash, recorded_at FROM events ORDER BY seq DESC LIMIT 1")
-        .fetch_optional(pool)
+        .fetch_optional(executor)
         .await?
         .map(|row| {
             Ok(Head {
@@ -45,8 +47,8 @@ pub(crate) async fn read_head(pool: &PgPool) -> Result<Option<Head>, sqlx::Error
 }
 
 /// Current versions of `streams` (absent streams are left out).
-pub(crate) async fn read_versions(
-    pool: &PgPool,
+pub(crate) async fn read_versions<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
     streams: &[String],
 ) -> Result<HashMap<String, u64>, sqlx::Error> {
     // One backward index probe per stream (O(log n)); a GROUP BY over ANY($1) would
@@ -57,11 +59,53 @@ pub(crate) async fn read_versions(
              WHERE events.stream_id = s.stream_id ORDER BY stream_version DESC LIMIT 1) e",
     )
     .bind(streams)
-    .fetch_all(pool)
+    .fetch_all(executor)
     .await?
     .iter()
     .map(|r| Ok((r.try_get("stream_id")?, r.try_get::<i64, _>("v")? as u64)))
     .collect()
+}
+
+/// The advisory lock the writers of one ledger take in turn while several processes
+/// append to it (the writer's contention mode): the batch is planned and committed under
+/// it, so no writer plans on a chain another is about to move.
+const APPEND_LOCK: i64 = 0x0061_6574_6865_7221;
+
+/// A transaction that holds [`APPEND_LOCK`]: the chain it reads cannot move until it ends.
+pub(crate) struct LockedAppend {
+    tx: sqlx::Transaction<'static, sqlx::Postgres>,
+}
+
+impl LockedAppend {
+    /// Begins a transaction and waits for the lock.
+    pub(crate) async fn begin(pool: &PgPool) -> Result<LockedAppend, sqlx::Error> {
+        let mut tx = pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(APPEND_LOCK)
+            .execute(&mut *tx)
+            .await?;
+        Ok(LockedAppend { tx })
+    }
+
+    pub(crate) async fn head(&mut self) -> Result<Option<Head>, sqlx::Error> {
+        read_head(&mut *self.tx).await
+    }
+
+    pub(crate) async fn versions(
+        &mut self,
+        streams: &[String],
+    ) -> Result<HashMap<String, u64>, sqlx::Error> {
+        read_versions(&mut *self.tx, streams).await
+    }
+
+    /// Inserts the rows and commits, releasing the lock; on failure rolls back now.
+    pub(crate) async fn commit(mut self, rows: &[EventRow]) -> Result<(), sqlx::Error> {
+        if let Err(e) = insert(&mut self.tx, rows).await {
+            let _ = self.tx.rollback().await;
+            return Err(e);
+        }
+        self.tx.commit().await
+    }
 }
 
 /// Inserts one planned batch atomically: a lone COPY of the events is its own transaction;
