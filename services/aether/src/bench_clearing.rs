@@ -501,8 +501,7 @@ async fn measure(
             let pids: Vec<u32> = std::iter::once(server.pid)
                 .chain(extra.iter().map(|n| n.pid))
                 .collect();
-            let (result, _) =
-                run_client(b, data, &grpc.join(","), None, &pids, database).await?;
+            let (result, _) = run_client(b, data, &grpc.join(","), None, &pids, database).await?;
             say(
                 b.json,
                 &format!(
@@ -898,8 +897,7 @@ async fn run_client(
         cmd.args(["--echo", echo])
             .args(["--echo-pid", &std::process::id().to_string()]);
     }
-    cmd
-        .args(["--concurrency", &b.concurrency.to_string()])
+    cmd.args(["--concurrency", &b.concurrency.to_string()])
         .args(["--channels", &b.channels.to_string()])
         .args(["--duration-secs", &b.duration_secs.to_string()])
         .args(["--warmup-secs", &b.warmup_secs.to_string()])
@@ -1107,7 +1105,9 @@ fn print_table(r: &Report) {
         let per_request = |p: &PhaseResult| {
             p.server_cpu_secs
                 .filter(|_| p.ok > 0)
-                .map_or("—".to_owned(), |s| format!("{:.0}", s * 1e6 / p.ok as f64))
+                .map_or("—".to_owned(), |s| {
+                    format!("{:.0}", s * 1e6 / p.ok as f64)
+                })
         };
         println!(
             "| 1 | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | 1.000 |",
@@ -1251,9 +1251,17 @@ async fn client_main(args: ClientArgs) -> anyhow::Result<()> {
     let run_id = uuid::Uuid::now_v7().simple().to_string();
     let mut targets = Vec::new();
     if let Some(echo) = &args.echo {
-        targets.push((Target::Echo, echo.clone(), args.echo_pid.into_iter().collect()));
+        targets.push((
+            Target::Echo,
+            echo.clone(),
+            args.echo_pid.into_iter().collect(),
+        ));
     }
-    targets.push((Target::Gateway, args.gateway.clone(), args.gateway_pid.clone()));
+    targets.push((
+        Target::Gateway,
+        args.gateway.clone(),
+        args.gateway_pid.clone(),
+    ));
     for (i, (target, url, pid)) in targets.into_iter().enumerate() {
         if i > 0 {
             tokio::time::sleep(Duration::from_secs(2)).await;

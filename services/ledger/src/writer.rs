@@ -354,7 +354,8 @@ pub(crate) async fn run(
                 Err(e) if is_unique_violation(&e) || is_refused_row(&e) => {
                     cache.invalidate();
                     for p in batch {
-                        let outcome = write_alone(&db, &mut cache, &mut contention, &p.appends).await;
+                        let outcome =
+                            write_alone(&db, &mut cache, &mut contention, &p.appends).await;
                         answer(vec![p], vec![outcome], &committed);
                     }
                 }
@@ -587,7 +588,9 @@ impl Contention {
 
     fn seen(&mut self) {
         if !self.on() {
-            tracing::info!("another process appends to this ledger: batches are committed under the append lock");
+            tracing::info!(
+                "another process appends to this ledger: batches are committed under the append lock"
+            );
         }
         metrics::counter!("aether_ledger_other_writer_seen_total").increment(1);
         self.until = Some(Instant::now() + CONTENDED_FOR);
