@@ -1120,3 +1120,58 @@ async fn the_rollout_controller_decides_on_every_nodes_traffic() {
     .await;
     db.drop_database().await;
 }
+
+/// A consistent snapshot prepares on every live node: taken through node-a it names node-b
+/// with the same state digest; while node-b is paused (still presumed alive) a snapshot is
+/// aborted naming it; once node-b has been silent past 5 s, snapshots go on without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_prepares_on_every_live_node() {
+    use aether_e2e::clearing::{get, ingest_aml_v2, post};
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let node_a = node(&dir.path().join("a"), &db, "node-a", None);
+    let key = dir.path().join("a").join("keys").join(PRIVATE_KEY_FILE);
+    let node_b = node(&dir.path().join("b"), &db, "node-b", Some(&key));
+    ingest_aml_v2(&node_a).await;
+    let rules = get(&node_a, "/v1/policies").await["rule_set_digest"].clone();
+    wait_for_value(&node_b, "/v1/policies", "rule_set_digest", &rules).await;
+    // node-b is listed as live.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cluster(&node_a).await["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|n| n["node_id"] == "node-b")
+    {
+        assert!(Instant::now() < deadline, "node-b never beat");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let (status, snapshot) = post(&node_a, "/v1/snapshots", json!({})).await;
+    assert_eq!(status, 201, "{snapshot}");
+    assert!(
+        snapshot["nodes"]["node-b"].is_string(),
+        "node-b prepared it: {snapshot}"
+    );
+
+    signal(&node_b, "STOP");
+    let (status, refused) = post(&node_a, "/v1/snapshots", json!({"ttl_ms": 1000})).await;
+    assert_eq!(status, 503, "{refused}");
+    assert_eq!(refused["participant"], "node node-b", "{refused}");
+    assert!(
+        refused["reason"].as_str().unwrap().contains("no answer"),
+        "{refused}"
+    );
+    let aborted = aether_e2e::clearing::events_of_type(&node_a, "SnapshotAborted").await;
+    assert_eq!(aborted.len(), 1, "the abort is on the ledger");
+
+    tokio::time::sleep(Duration::from_millis(5_500)).await;
+    let (status, snapshot) = post(&node_a, "/v1/snapshots", json!({"ttl_ms": 2000})).await;
+    assert_eq!(status, 201, "{snapshot}");
+    assert!(
+        snapshot["nodes"].is_null(),
+        "node-b is presumed down: {snapshot}"
+    );
+    signal(&node_b, "CONT");
+    db.drop_database().await;
+}

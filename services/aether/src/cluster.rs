@@ -284,25 +284,78 @@ pub fn heartbeat(
     })
 }
 
-/// A node not heard from for longer is presumed down: a rollback does not wait for it.
-const PRESUMED_DOWN_AFTER: Duration = Duration::from_secs(5);
-
-/// The other nodes of the cluster heard from within [`PRESUMED_DOWN_AFTER`].
+/// The other nodes of the cluster heard from within `PRESUMED_DOWN_AFTER` (a rollback
+/// does not wait for the others, a snapshot does not ask them).
 pub async fn live_others(
     store: &EventStore,
     this_node: &str,
 ) -> anyhow::Result<std::collections::HashSet<String>> {
     Ok(store
-        .nodes()
+        .live_other_nodes(this_node)
         .await?
         .into_iter()
-        .filter(|n| n.node_id != this_node && n.silent_ms < PRESUMED_DOWN_AFTER.as_millis() as u64)
-        .map(|n| n.node_id)
         .collect())
 }
 
+/// How often a node looks for snapshots other nodes ask it to prepare.
+const PREPARES_EVERY: Duration = Duration::from_millis(100);
+
+/// Answers the prepare requests of the snapshots other nodes take (PostgreSQL only), until
+/// `stop`: first applies every control event committed before the request (so a node a
+/// follow step behind prepares the same state), then prepares its own participants and
+/// answers with their state digest, or why it cannot.
+pub async fn answer_snapshot_prepares(
+    store: EventStore,
+    control: aether_control::ControlState,
+    node_id: String,
+    mut stop: watch::Receiver<bool>,
+) {
+    if store.postgres_pool().is_none() {
+        return;
+    }
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = tokio::time::sleep(PREPARES_EVERY) => {}
+        }
+        let pending = match store.pending_prepares(&node_id).await {
+            Ok(pending) => pending,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read the snapshot prepare requests");
+                continue;
+            }
+        };
+        for (id, left) in pending {
+            let answer = match uuid::Uuid::parse_str(&id) {
+                Err(_) => Err(format!("snapshot id {id:?} is not a UUID")),
+                Ok(snapshot) => {
+                    let until = tokio::time::Instant::now() + left;
+                    if let Ok(Some((head, _))) = store.head().await {
+                        while control.followed_through() < head
+                            && tokio::time::Instant::now() < until
+                        {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    }
+                    let participants = control.participants();
+                    control
+                        .snapshots
+                        .prepare_here(&participants, snapshot, left)
+                        .await
+                }
+            };
+            if let Err(e) = store
+                .answer_prepare(&id, &node_id, answer.as_deref().map_err(String::as_str))
+                .await
+            {
+                tracing::warn!(snapshot = %id, error = %e, "cannot answer a snapshot prepare request");
+            }
+        }
+    }
+}
+
 /// Where a control event at `seq` (a rollback) is in force: this node, and every other
-/// live node (heard from within [`PRESUMED_DOWN_AFTER`]) whose follower has applied it,
+/// live node (heard from within `PRESUMED_DOWN_AFTER`) whose follower has applied it,
 /// waiting up to `patience` for them; the live nodes that have not are `lagging`.
 pub async fn in_force(
     store: &EventStore,
@@ -315,7 +368,8 @@ pub async fn in_force(
         let nodes = store.nodes().await.unwrap_or_default();
         let (mut done, mut lagging) = (vec![this_node.to_owned()], Vec::new());
         for node in nodes.iter().filter(|n| {
-            n.node_id != this_node && n.silent_ms < PRESUMED_DOWN_AFTER.as_millis() as u64
+            n.node_id != this_node
+                && n.silent_ms < aether_ledger::cluster::PRESUMED_DOWN_AFTER.as_millis() as u64
         }) {
             if node.control_seq >= seq {
                 done.push(node.node_id.clone());

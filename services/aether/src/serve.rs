@@ -358,6 +358,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     );
     // An activation another live node runs is its own, not one this node's restart cut.
     control.engines.set_node(&node_id);
+    // A snapshot taken here prepares on the other live nodes too; this node answers theirs.
+    control.snapshots.set_node(&node_id);
+    let prepares = tokio::spawn(crate::cluster::answer_snapshot_prepares(
+        store.clone(),
+        control.clone(),
+        node_id.clone(),
+        stop_rx.clone(),
+    ));
     let running_elsewhere = crate::cluster::live_others(&store, &node_id).await?;
     let interrupted = control
         .engines
@@ -532,6 +540,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let _ = stop_tx.send(true);
     let _ = supervisor.await;
     let _ = control_follower.await;
+    let _ = prepares.await;
     let mut retired = None;
     match checkpointer.await {
         Ok(Err(e @ aether_ledger::LedgerError::CheckpointKeyRetired { .. })) => retired = Some(e),

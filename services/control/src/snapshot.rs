@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
+use aether_ledger::cluster::PrepareAnswer;
 use aether_ledger::hashing::{canonical_json, sm3};
 use aether_ledger::{Direction, EventStore, ExpectedVersion, LedgerError, NewEvent, RecordedEvent};
 use aether_rag::CorpusDigest;
@@ -337,6 +338,9 @@ pub struct SnapshotRecord {
     pub gateway_digest: Option<String>,
     pub rules_digest: Option<String>,
     pub rag_digest: Option<String>,
+    /// The other live nodes of the cluster that prepared it, with their state digests.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub nodes: BTreeMap<String, String>,
     #[serde(default)]
     pub seq: u64,
     #[serde(default)]
@@ -392,9 +396,106 @@ pub struct SnapshotCoordinator {
     /// The in-process participants, made once: their committed pins must outlive a
     /// request for a later rollback to find them.
     local: Arc<OnceLock<Vec<Arc<dyn SnapshotParticipant>>>>,
+    /// This node's id in a cluster: the other live nodes prepare each snapshot too.
+    node: Arc<OnceLock<String>>,
 }
 
+/// The digest of a node's whole snapshot state: SM3 of the RFC 8785 text of its
+/// participants' digests by name. Two nodes that applied the same control events agree.
+pub fn state_digest(pinned: &BTreeMap<String, Pinned>) -> Result<String, ParticipantError> {
+    let digests: BTreeMap<&String, &String> = pinned.iter().map(|(n, p)| (n, &p.digest)).collect();
+    digest_of(&json!(digests))
+}
+
+/// How often the taking node looks at the other nodes' prepare answers.
+const ANSWERS_EVERY: Duration = Duration::from_millis(50);
+
 impl SnapshotCoordinator {
+    /// Names this node in its cluster: from now on every snapshot it takes also prepares
+    /// on each other live node, which must be in the same state.
+    pub fn set_node(&self, node_id: &str) {
+        let _ = self.node.set(node_id.to_owned());
+    }
+
+    /// Asks every other live node to prepare `id` and waits for all their answers until
+    /// `deadline`; each must hold the state `pinned` here holds. Returns their digests by
+    /// node, or the node that refused, timed out or differs, why, and whether it timed out.
+    async fn prepare_elsewhere(
+        &self,
+        id: Uuid,
+        pinned: &BTreeMap<String, Pinned>,
+        deadline: Instant,
+    ) -> Result<BTreeMap<String, String>, (String, String, bool)> {
+        let Some(node) = self.node.get() else {
+            return Ok(BTreeMap::new());
+        };
+        let failed = |e: LedgerError| ("cluster".to_owned(), e.to_string(), false);
+        let others = self.store.live_other_nodes(node).await.map_err(failed)?;
+        if others.is_empty() {
+            return Ok(BTreeMap::new());
+        }
+        let here = state_digest(pinned).map_err(|e| (node.clone(), e.to_string(), false))?;
+        let ttl = deadline.saturating_duration_since(Instant::now());
+        self.store
+            .request_prepares(&id.to_string(), &others, ttl)
+            .await
+            .map_err(failed)?;
+        loop {
+            let answers = self
+                .store
+                .prepare_answers(&id.to_string())
+                .await
+                .map_err(failed)?;
+            let mut waiting = None;
+            let mut prepared = BTreeMap::new();
+            for (other, answer) in answers {
+                match answer {
+                    PrepareAnswer::Pending => waiting = Some(other),
+                    PrepareAnswer::Refused(reason) => return Err((other, reason, false)),
+                    PrepareAnswer::Prepared(digest) if digest != here => {
+                        return Err((
+                            other,
+                            format!(
+                                "it is in another state (digest {digest}, here {here}): the two \
+                                 nodes have not applied the same control events yet; retry"
+                            ),
+                            false,
+                        ));
+                    }
+                    PrepareAnswer::Prepared(digest) => {
+                        prepared.insert(other, digest);
+                    }
+                }
+            }
+            match waiting {
+                None => return Ok(prepared),
+                Some(other) if Instant::now() >= deadline => {
+                    return Err((other, format!("no answer to prepare within {ttl:?}"), true));
+                }
+                Some(_) => tokio::time::sleep(ANSWERS_EVERY).await,
+            }
+        }
+    }
+
+    /// Prepares this node's participants for snapshot `id`, asked by another node; the
+    /// answer is [`state_digest`] of what they pinned (the pins expire after `ttl` unless
+    /// a rollback to the snapshot later restores from the ledger's record).
+    pub async fn prepare_here(
+        &self,
+        participants: &[Arc<dyn SnapshotParticipant>],
+        id: Uuid,
+        ttl: Duration,
+    ) -> Result<String, String> {
+        let mut pinned = BTreeMap::new();
+        for p in participants {
+            let pin = p
+                .prepare(id, ttl)
+                .await
+                .map_err(|e| format!("{} cannot prepare: {e}", p.name()))?;
+            pinned.insert(p.name().to_owned(), pin);
+        }
+        state_digest(&pinned).map_err(|e| e.to_string())
+    }
     /// Rebuilds the list of committed snapshots and rollbacks from the ledger.
     pub async fn load(store: EventStore) -> Result<Self, LedgerError> {
         Self::load_until(store, None).await
@@ -409,6 +510,7 @@ impl SnapshotCoordinator {
             projection: Arc::default(),
             busy: Arc::default(),
             local: Arc::default(),
+            node: Arc::default(),
         };
         let mut from = 0;
         loop {
@@ -587,6 +689,21 @@ impl SnapshotCoordinator {
                 .abort(id, participants, participant, reason, timed_out, origin)
                 .await);
         }
+        let nodes = match self.prepare_elsewhere(id, &pinned, deadline).await {
+            Ok(nodes) => nodes,
+            Err((node, reason, timed_out)) => {
+                return Err(self
+                    .abort(
+                        id,
+                        participants,
+                        format!("node {node}"),
+                        reason,
+                        timed_out,
+                        origin,
+                    )
+                    .await);
+            }
+        };
         let digest = |n: &str| pinned.get(n).map(|p| p.digest.clone());
         let record = SnapshotRecord {
             id: id.to_string(),
@@ -594,16 +711,22 @@ impl SnapshotCoordinator {
             rules_digest: digest(RULES),
             rag_digest: digest(RAG),
             participants: pinned,
+            nodes: nodes.clone(),
             seq: 0,
             recorded_at: String::new(),
         };
-        let payload = json!({
+        let mut payload = json!({
             "id": record.id,
             "participants": record.participants,
             "gateway_digest": record.gateway_digest,
             "rules_digest": record.rules_digest,
             "rag_digest": record.rag_digest,
         });
+        if !nodes.is_empty() {
+            // The other live nodes that prepared it, each with its state digest (equal to
+            // this node's).
+            payload["nodes"] = json!(nodes);
+        }
         let event = NewEvent::new(SNAPSHOT_COMMITTED, payload)
             .with_metadata(origin.metadata(json!({"snapshot_id": record.id})));
         let committed = match self

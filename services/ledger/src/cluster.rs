@@ -389,3 +389,145 @@ impl EventStore {
             .collect())
     }
 }
+
+/// How long a node that has not beaten is still presumed alive: a duty waits for it, a
+/// snapshot asks it to prepare.
+pub const PRESUMED_DOWN_AFTER: Duration = Duration::from_secs(5);
+
+/// A node's answer to a snapshot's prepare request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PrepareAnswer {
+    /// Not answered yet.
+    Pending,
+    /// Prepared: the digest of its participants' state.
+    Prepared(String),
+    /// It could not prepare, and why.
+    Refused(String),
+}
+
+impl EventStore {
+    /// The live nodes other than `this_node` (heard from within [`PRESUMED_DOWN_AFTER`]);
+    /// none on SQLite.
+    pub async fn live_other_nodes(&self, this_node: &str) -> Result<Vec<String>, LedgerError> {
+        let mut nodes: Vec<String> = self
+            .nodes()
+            .await?
+            .into_iter()
+            .filter(|n| {
+                n.node_id != this_node && n.silent_ms < PRESUMED_DOWN_AFTER.as_millis() as u64
+            })
+            .map(|n| n.node_id)
+            .collect();
+        nodes.sort();
+        Ok(nodes)
+    }
+
+    /// Asks `nodes` to prepare snapshot `snapshot_id` before `ttl` passes (and forgets
+    /// requests older than an hour).
+    pub async fn request_prepares(
+        &self,
+        snapshot_id: &str,
+        nodes: &[String],
+        ttl: Duration,
+    ) -> Result<(), LedgerError> {
+        let Some(pool) = self.postgres_pool() else {
+            return Err(LedgerError::LeasesNeedPostgres);
+        };
+        sqlx::query("DELETE FROM snapshot_prepares WHERE requested_at < now() - interval '1 hour'")
+            .execute(pool)
+            .await?;
+        sqlx::query(
+            "INSERT INTO snapshot_prepares (snapshot_id, node_id, deadline) \
+             SELECT $1, node, clock_timestamp() + make_interval(secs => $3) FROM UNNEST($2::text[]) AS node",
+        )
+        .bind(snapshot_id)
+        .bind(nodes)
+        .bind(ttl.as_secs_f64())
+        .execute(pool)
+        .await?;
+        Ok(())
+    }
+
+    /// The snapshots `node` has been asked to prepare and has not answered, with the time
+    /// left to answer (none on SQLite).
+    pub async fn pending_prepares(
+        &self,
+        node: &str,
+    ) -> Result<Vec<(String, Duration)>, LedgerError> {
+        let Some(pool) = self.postgres_pool() else {
+            return Ok(Vec::new());
+        };
+        let rows: Vec<(String, f64)> = sqlx::query_as(
+            "SELECT snapshot_id, EXTRACT(EPOCH FROM deadline - clock_timestamp())::float8 \
+             FROM snapshot_prepares WHERE node_id = $1 AND answered_at IS NULL \
+               AND deadline > clock_timestamp()",
+        )
+        .bind(node)
+        .fetch_all(pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, secs)| (id, Duration::from_secs_f64(secs.max(0.0))))
+            .collect())
+    }
+
+    /// Records `node`'s answer to a prepare request.
+    pub async fn answer_prepare(
+        &self,
+        snapshot_id: &str,
+        node: &str,
+        answer: Result<&str, &str>,
+    ) -> Result<(), LedgerError> {
+        let Some(pool) = self.postgres_pool() else {
+            return Err(LedgerError::LeasesNeedPostgres);
+        };
+        let (digest, error) = match answer {
+            Ok(digest) => (Some(digest), None),
+            Err(error) => (None, Some(error)),
+        };
+        sqlx::query(
+            "UPDATE snapshot_prepares SET answered_at = clock_timestamp(), digest = $3, error = $4 \
+             WHERE snapshot_id = $1 AND node_id = $2 AND answered_at IS NULL",
+        )
+        .bind(snapshot_id)
+        .bind(node)
+        .bind(digest)
+        .bind(error)
+        .execute(pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Each asked node's answer to snapshot `snapshot_id`'s prepare request.
+    pub async fn prepare_answers(
+        &self,
+        snapshot_id: &str,
+    ) -> Result<Vec<(String, PrepareAnswer)>, LedgerError> {
+        let Some(pool) = self.postgres_pool() else {
+            return Ok(Vec::new());
+        };
+        let rows: Vec<(
+            String,
+            Option<chrono::DateTime<Utc>>,
+            Option<String>,
+            Option<String>,
+        )> = sqlx::query_as(
+            "SELECT node_id, answered_at, digest, error FROM snapshot_prepares \
+                 WHERE snapshot_id = $1 ORDER BY node_id",
+        )
+        .bind(snapshot_id)
+        .fetch_all(pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(node, answered, digest, error)| {
+                let answer = match (answered, digest, error) {
+                    (None, _, _) => PrepareAnswer::Pending,
+                    (Some(_), Some(d), _) => PrepareAnswer::Prepared(d),
+                    (Some(_), None, e) => PrepareAnswer::Refused(e.unwrap_or_default()),
+                };
+                (node, answer)
+            })
+            .collect())
+    }
+}
