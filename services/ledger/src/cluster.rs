@@ -394,6 +394,14 @@ impl EventStore {
 /// snapshot asks it to prepare.
 pub const PRESUMED_DOWN_AFTER: Duration = Duration::from_secs(5);
 
+/// A row of `snapshot_prepares`: node, answered at, digest, error.
+type AnswerRow = (
+    String,
+    Option<DateTime<Utc>>,
+    Option<String>,
+    Option<String>,
+);
+
 /// A node's answer to a snapshot's prepare request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PrepareAnswer {
@@ -506,12 +514,7 @@ impl EventStore {
         let Some(pool) = self.postgres_pool() else {
             return Ok(Vec::new());
         };
-        let rows: Vec<(
-            String,
-            Option<chrono::DateTime<Utc>>,
-            Option<String>,
-            Option<String>,
-        )> = sqlx::query_as(
+        let rows: Vec<AnswerRow> = sqlx::query_as(
             "SELECT node_id, answered_at, digest, error FROM snapshot_prepares \
                  WHERE snapshot_id = $1 ORDER BY node_id",
         )
