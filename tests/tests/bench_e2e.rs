@@ -143,6 +143,8 @@ fn clearing_bench_decides_every_request_on_the_postgres_ledger() {
         "1",
         "--concurrency",
         "8",
+        "--nodes",
+        "2",
         "--json",
     ]);
     let report: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
@@ -191,7 +193,22 @@ fn clearing_bench_decides_every_request_on_the_postgres_ledger() {
         "same sizes"
     );
     assert!(report["ratio_to_echo"].as_f64().unwrap() > 0.0);
-    assert_eq!(report["targets"].as_array().unwrap().len(), 3);
+    // Then the load over two nodes of one cluster: every request decided once, none lost
+    // to the two writers' race for the chain.
+    let two = &report["cluster"][0];
+    assert_eq!(two["nodes"], 2, "{report}");
+    let result = &two["result"];
+    assert!(result["ok"].as_u64().unwrap() > 0, "{two}");
+    assert_eq!(result["errors"], serde_json::json!({}), "{two}");
+    let decided: u64 = result["decisions"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|n| n.as_u64().unwrap())
+        .sum();
+    assert_eq!(decided, result["ok"].as_u64().unwrap(), "{two}");
+    assert!(two["ratio_to_one_node"].as_f64().unwrap() > 0.0);
+    assert_eq!(report["targets"].as_array().unwrap().len(), 4);
     assert!(
         report["lineage"]["caught_up_ms"].as_u64().is_some(),
         "lineage reached the head after the load: {}",
