@@ -1344,23 +1344,36 @@ async fn phase(
     run_id: &str,
 ) -> anyhow::Result<PhaseResult> {
     let urls: Vec<&str> = url.split(',').filter(|u| !u.is_empty()).collect();
+    // One session key per channel, shared by its tasks, as a member's client would: the
+    // gateway keeps at most 64 keys per member and retires the oldest past that.
     let mut channels = Vec::with_capacity(args.channels);
     for i in 0..args.channels {
         let member = MEMBERS[i % MEMBERS.len()];
         let url = urls[i % urls.len().max(1)];
-        channels.push((connect(url, &args.data_dir, member).await?, member));
+        let mut grpc = connect(url, &args.data_dir, member).await?;
+        let key = Sm4Key::generate()?;
+        let wrapped = wrap_key(&server_key, &key)?;
+        let key_id = grpc
+            .key_exchange(KeyExchangeRequest {
+                wrapped_key: wrapped.to_vec(),
+            })
+            .await
+            .context("KeyExchange failed")?
+            .into_inner()
+            .key_id;
+        channels.push((grpc, member, Arc::new((key, key_id))));
     }
     let measure_from = tokio::time::Instant::now() + Duration::from_secs(args.warmup_secs);
     let measure_to = measure_from + Duration::from_secs(args.duration_secs);
     let date = value_date();
     let mut tasks = Vec::with_capacity(args.concurrency);
     for t in 0..args.concurrency {
-        let (grpc, member) = channels[t % channels.len()].clone();
+        let (grpc, member, session) = channels[t % channels.len()].clone();
         let ctx = TaskCtx {
             grpc,
             member,
+            session,
             target,
-            server_key: server_key.clone(),
             prefix: format!("{run_id}-{}-{t}", target.name()),
             seed: t as u64,
             date: date.clone(),
@@ -1482,8 +1495,9 @@ async fn phase(
 struct TaskCtx {
     grpc: ClearingServiceClient<Channel>,
     member: &'static str,
+    /// The channel's session key and its id.
+    session: Arc<(Sm4Key, String)>,
     target: Target,
-    server_key: Arc<sm2::PublicKey>,
     prefix: String,
     seed: u64,
     date: String,
@@ -1543,25 +1557,16 @@ impl Caller {
     }
 }
 
-/// One closed-loop task: a session key, then one request at a time until the end.
-async fn load_task(mut c: TaskCtx) -> anyhow::Result<TaskStats> {
+/// One closed-loop task: one request at a time, under its channel's session key, until
+/// the end.
+async fn load_task(c: TaskCtx) -> anyhow::Result<TaskStats> {
     let mut stats = TaskStats::for_secs(c.secs);
-    let key = Sm4Key::generate()?;
-    let wrapped = wrap_key(&c.server_key, &key)?;
+    let (key, key_id) = (&c.session.0, &c.session.1);
     let mut caller = Caller {
         grpc: c.grpc.clone(),
         api: c.api,
         stream: None,
     };
-    let key_id = c
-        .grpc
-        .key_exchange(KeyExchangeRequest {
-            wrapped_key: wrapped.to_vec(),
-        })
-        .await
-        .context("KeyExchange failed")?
-        .into_inner()
-        .key_id;
     let mut rng = SplitMix(c.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xA5A5);
     let mut n = 0u64;
     while tokio::time::Instant::now() < c.measure_to {
@@ -1575,10 +1580,10 @@ async fn load_task(mut c: TaskCtx) -> anyhow::Result<TaskStats> {
             method: c.api.method(),
             request_id: &request_id,
             member_id: c.member,
-            key_id: &key_id,
+            key_id,
             issued_at,
         };
-        let sealed = seal(&key, &aad, &body)?;
+        let sealed = seal(key, &aad, &body)?;
         let request_bytes = sealed.ciphertext.len() as u64;
         let call = caller
             .call(SealedRequest {
@@ -1607,7 +1612,7 @@ async fn load_task(mut c: TaskCtx) -> anyhow::Result<TaskStats> {
                         Err((format!("ITEM_{}", e.code), e.message))
                     }
                     Target::Gateway => open(
-                        &key,
+                        key,
                         &aad.response(response.issued_at),
                         &response.nonce,
                         &response.ciphertext,
