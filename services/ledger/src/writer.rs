@@ -578,6 +578,10 @@ struct Contention {
     until: Option<Instant>,
 }
 
+/// Most rows of other writers read to bring the version cache up to date; past it the
+/// cache is dropped and the batch's streams are read afresh.
+const MAX_CATCH_UP_ROWS: u64 = 10_000;
+
 /// How long the writer stays in contention mode after it last saw another writer.
 const CONTENDED_FOR: Duration = Duration::from_secs(30);
 
@@ -613,9 +617,21 @@ async fn write_locked(
         None => false,
     };
     if moved {
-        // Another process appended since this one's last batch.
-        cache.invalidate();
+        // Another process appended since this one's last batch: the versions it changed
+        // are read from its rows (a short range of seqs), the rest of the cache holds.
         contention.seen();
+        let since = match (cache.head, head) {
+            (Some(Some(cached)), Some(now))
+                if now.seq > cached.seq && now.seq - cached.seq <= MAX_CATCH_UP_ROWS =>
+            {
+                Some(locked.versions_since(cached.seq, now.seq).await?)
+            }
+            _ => None,
+        };
+        match since {
+            Some(changed) => cache.versions.extend(changed),
+            None => cache.invalidate(),
+        }
     }
     cache.head = Some(head);
     let missing: Vec<String> = streams_of(requests)

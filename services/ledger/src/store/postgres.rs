@@ -98,6 +98,26 @@ impl LockedAppend {
         read_versions(&mut *self.tx, streams).await
     }
 
+    /// The newest version of every stream appended to after `after_seq`, up to `until_seq`:
+    /// what another writer changed since this one's last batch (a range of the primary key).
+    pub(crate) async fn versions_since(
+        &mut self,
+        after_seq: u64,
+        until_seq: u64,
+    ) -> Result<HashMap<String, u64>, sqlx::Error> {
+        sqlx::query(
+            "SELECT stream_id, max(stream_version) AS v FROM events \
+             WHERE seq > $1 AND seq <= $2 GROUP BY stream_id",
+        )
+        .bind(super::seq_param(after_seq))
+        .bind(super::seq_param(until_seq))
+        .fetch_all(&mut *self.tx)
+        .await?
+        .iter()
+        .map(|r| Ok((r.try_get("stream_id")?, r.try_get::<i64, _>("v")? as u64)))
+        .collect()
+    }
+
     /// Inserts the rows and commits, releasing the lock; on failure rolls back now.
     pub(crate) async fn commit(mut self, rows: &[EventRow]) -> Result<(), sqlx::Error> {
         if let Err(e) = insert(&mut self.tx, rows).await {
