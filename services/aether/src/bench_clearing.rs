@@ -1099,37 +1099,31 @@ fn print_table(r: &Report) {
     }
     if !r.cluster.is_empty() {
         println!(
-            "\n| nodes | requests/s | p50 ms | p99 ms | p99.9 ms | errors | server CPU µs/request | vs one node |"
+            "\n| nodes | requests/s | p50 ms | p99 ms | p99.9 ms | errors | CPU µs/request: servers | PostgreSQL | vs one node |"
         );
-        println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
-        let per_request = |p: &PhaseResult| {
-            p.server_cpu_secs
-                .filter(|_| p.ok > 0)
-                .map_or("—".to_owned(), |s| {
-                    format!("{:.0}", s * 1e6 / p.ok as f64)
-                })
+        println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        let per_request = |p: &PhaseResult, secs: Option<f64>| {
+            secs.filter(|_| p.ok > 0).map_or("—".to_owned(), |s| {
+                format!("{:.0}", s * 1e6 / p.ok as f64)
+            })
         };
-        println!(
-            "| 1 | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | 1.000 |",
-            g.requests_per_sec,
-            g.p50_ms,
-            g.p99_ms,
-            g.p999_ms,
-            g.errors.values().sum::<u64>(),
-            per_request(g)
+        let phases = std::iter::once((1, g, 1.0)).chain(
+            r.cluster
+                .iter()
+                .map(|c| (c.nodes, &c.result, c.ratio_to_one_node)),
         );
-        for c in &r.cluster {
-            let p = &c.result;
+        for (nodes, p, ratio) in phases {
             println!(
-                "| {} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {:.3} |",
-                c.nodes,
+                "| {} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {:.3} |",
+                nodes,
                 p.requests_per_sec,
                 p.p50_ms,
                 p.p99_ms,
                 p.p999_ms,
                 p.errors.values().sum::<u64>(),
-                per_request(p),
-                c.ratio_to_one_node
+                per_request(p, p.server_cpu_secs),
+                per_request(p, p.postgres_cpu_secs),
+                ratio
             );
         }
     }
