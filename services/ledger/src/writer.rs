@@ -678,10 +678,21 @@ async fn write_alone(
     contention: &mut Contention,
     appends: &[StreamAppend],
 ) -> RequestOutcome {
+    // Races lost while planning on the cache; under the append lock a race is lost only to
+    // a writer that has not yet seen this one (its first loss puts it under the lock too),
+    // so those get a longer budget.
     const ATTEMPTS: u32 = 5;
-    for _ in 0..ATTEMPTS {
-        let result = match db.postgres().filter(|_| contention.on()) {
-            // Under the append lock nobody else moves the chain: no race to lose.
+    const LOCKED_ATTEMPTS: u32 = 50;
+    let (mut lost, mut lost_locked) = (0, 0);
+    while lost < ATTEMPTS && lost_locked < LOCKED_ATTEMPTS {
+        let locked = contention.on() && db.postgres().is_some();
+        if locked {
+            lost_locked += 1;
+        } else {
+            lost += 1;
+        }
+        let result = match db.postgres().filter(|_| locked) {
+            // Under the append lock no other locked writer moves the chain.
             Some(pool) => write_locked(pool, cache, contention, &[appends])
                 .await
                 .map(|(_, outcomes)| outcomes),
@@ -732,7 +743,8 @@ async fn write_alone(
         }
     }
     Err(LedgerError::CommitFailed(format!(
-        "another writer on the same database won the race {ATTEMPTS} times; retry"
+        "another writer on the same database won the race {} times; retry",
+        lost + lost_locked
     )))
 }
 

@@ -66,12 +66,18 @@ pub(crate) async fn read_versions<'e>(
     .collect()
 }
 
-/// The advisory lock the writers of one ledger take in turn while several processes
-/// append to it (the writer's contention mode): the batch is planned and committed under
-/// it, so no writer plans on a chain another is about to move.
+/// The advisory lock of a ledger's appends. Every batch is inserted holding it shared (so
+/// a writer alone, or several that have not met, go on as before), and a writer in
+/// contention mode (several processes appending) plans and commits holding it exclusive:
+/// PostgreSQL queues later shared requests behind a waiting exclusive one, so a writer
+/// that has not yet met the others cannot keep winning the race for the next seqs and
+/// starve it. Taken in the transaction's first round trip, with its `BEGIN`.
+#[cfg(test)]
 const APPEND_LOCK: i64 = 0x0061_6574_6865_7221;
+const BEGIN_SHARED: &str = "BEGIN; SELECT pg_advisory_xact_lock_shared(27414623383024161)";
+const BEGIN_EXCLUSIVE: &str = "BEGIN; SELECT pg_advisory_xact_lock(27414623383024161)";
 
-/// A transaction that holds [`APPEND_LOCK`]: the chain it reads cannot move until it ends.
+/// A transaction that holds the append lock exclusive: the chain it reads cannot move until it ends.
 pub(crate) struct LockedAppend {
     tx: sqlx::Transaction<'static, sqlx::Postgres>,
 }
@@ -79,12 +85,9 @@ pub(crate) struct LockedAppend {
 impl LockedAppend {
     /// Begins a transaction and waits for the lock.
     pub(crate) async fn begin(pool: &PgPool) -> Result<LockedAppend, sqlx::Error> {
-        let mut tx = pool.begin().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock($1)")
-            .bind(APPEND_LOCK)
-            .execute(&mut *tx)
-            .await?;
-        Ok(LockedAppend { tx })
+        Ok(LockedAppend {
+            tx: pool.begin_with(BEGIN_EXCLUSIVE).await?,
+        })
     }
 
     pub(crate) async fn head(&mut self) -> Result<Option<Head>, sqlx::Error> {
@@ -128,13 +131,10 @@ impl LockedAppend {
     }
 }
 
-/// Inserts one planned batch atomically: a lone COPY of the events is its own transaction;
-/// with personal side rows both COPYs run in one. The primary key on `seq` and the unique
+/// Inserts one planned batch atomically, in one transaction holding the append lock shared
+/// (both COPYs when there are personal side rows). The primary key on `seq` and the unique
 /// `(stream_id, stream_version)` make a concurrent writer's batch fail rather than fork.
 pub(crate) async fn insert_rows(pool: &PgPool, rows: &[EventRow]) -> Result<(), sqlx::Error> {
-    if !has_personal(rows) {
-        return insert(&mut *pool.acquire().await?, rows).await;
-    }
     inserted_in_transaction(pool, rows).await?.commit().await
 }
 
@@ -145,7 +145,7 @@ async fn inserted_in_transaction<'c>(
     pool: &PgPool,
     rows: &[EventRow],
 ) -> Result<sqlx::Transaction<'c, sqlx::Postgres>, sqlx::Error> {
-    let mut tx = pool.begin().await?;
+    let mut tx = pool.begin_with(BEGIN_SHARED).await?;
     if let Err(e) = insert(&mut tx, rows).await {
         let _ = tx.rollback().await;
         return Err(e);
@@ -1129,5 +1129,15 @@ mod tests {
         admin.close().await.unwrap();
         store.shutdown().await;
         db.drop_database().await;
+    }
+}
+
+#[cfg(test)]
+mod append_lock_tests {
+    #[test]
+    fn the_begin_statements_name_the_append_lock() {
+        let key = super::APPEND_LOCK.to_string();
+        assert!(super::BEGIN_SHARED.ends_with(&format!("_shared({key})")));
+        assert!(super::BEGIN_EXCLUSIVE.ends_with(&format!("_lock({key})")));
     }
 }
