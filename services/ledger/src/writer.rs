@@ -611,6 +611,32 @@ async fn write_locked(
     requests: &[&[StreamAppend]],
 ) -> Result<(Arc<Vec<EventRow>>, Vec<RequestOutcome>), sqlx::Error> {
     let mut locked = crate::store::postgres::LockedAppend::begin(pool).await?;
+    let plan = match plan_locked(&mut locked, cache, contention, requests).await {
+        Ok(plan) => plan,
+        Err(e) => {
+            // The lock goes now, not when the connection is next used.
+            let _ = locked.release().await;
+            return Err(e);
+        }
+    };
+    if plan.rows.is_empty() {
+        locked.release().await?;
+    } else {
+        locked.commit(&plan.rows).await?;
+    }
+    apply(cache, &plan);
+    let Plan { rows, outcomes, .. } = plan;
+    Ok((Arc::new(rows), outcomes))
+}
+
+/// Plans `requests` on the chain as it stands inside the lock: the head, the versions
+/// another writer changed since this one's last batch, and those the cache lacks.
+async fn plan_locked(
+    locked: &mut crate::store::postgres::LockedAppend,
+    cache: &mut ChainCache,
+    contention: &mut Contention,
+    requests: &[&[StreamAppend]],
+) -> Result<Plan, sqlx::Error> {
     let head = locked.head().await?;
     let moved = match cache.head {
         Some(cached) => cached.map(|h| (h.seq, h.hash)) != head.map(|h| (h.seq, h.hash)),
@@ -648,14 +674,7 @@ async fn write_locked(
     let mut plan = plan_batch(head, &cache.versions, requests, ledger_now());
     // The versions are the database's: an expected-version refusal stands.
     plan.conflicts.clear();
-    if plan.rows.is_empty() {
-        drop(locked);
-    } else {
-        locked.commit(&plan.rows).await?;
-    }
-    apply(cache, &plan);
-    let Plan { rows, outcomes, .. } = plan;
-    Ok((Arc::new(rows), outcomes))
+    Ok(plan)
 }
 
 /// Records a plan's effect on the chain, before its commit (see the module doc).

@@ -121,6 +121,12 @@ impl LockedAppend {
         .collect()
     }
 
+    /// Ends the transaction without writing, releasing the lock now (a dropped transaction
+    /// would hold it until its connection is next used).
+    pub(crate) async fn release(self) -> Result<(), sqlx::Error> {
+        self.tx.rollback().await
+    }
+
     /// Inserts the rows and commits, releasing the lock; on failure rolls back now.
     pub(crate) async fn commit(mut self, rows: &[EventRow]) -> Result<(), sqlx::Error> {
         if let Err(e) = insert(&mut self.tx, rows).await {
