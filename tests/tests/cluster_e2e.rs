@@ -136,6 +136,26 @@ async fn head(server: &Server) -> u64 {
     ready["head_seq"].as_u64().unwrap()
 }
 
+/// Starts `aether serve` on `data` as node `id`, expecting it to refuse to start; its stderr.
+fn refused_start(data: &Path, db: &TestDatabase, id: &str) -> String {
+    let out = run_aether(
+        &[
+            "serve",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--node-id",
+            id,
+        ],
+        &[("DATABASE_URL", db.url.as_str())],
+    );
+    assert!(!out.status.success(), "node {id} started");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 fn signal(server: &Server, name: &str) {
     let status = std::process::Command::new("kill")
         .args([&format!("-{name}"), &server.pid().to_string()])
@@ -152,22 +172,7 @@ async fn nodes_share_one_signer_and_the_checkpointer_fails_over() {
     let key = dir.path().join("a").join("keys").join(PRIVATE_KEY_FILE);
 
     // A node with a key of its own is refused, naming both fingerprints.
-    let out = run_aether(
-        &[
-            "serve",
-            "--data-dir",
-            dir.path().join("stranger").to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-            "--grpc-listen",
-            "127.0.0.1:0",
-            "--node-id",
-            "stranger",
-        ],
-        &[("DATABASE_URL", db.url.as_str())],
-    );
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = refused_start(&dir.path().join("stranger"), &db, "stranger");
     assert!(
         stderr.contains("is not the cluster's (fingerprint"),
         "{stderr}"
@@ -888,22 +893,7 @@ async fn the_checkpoint_key_is_rotated_once_and_verify_follows_it() {
     .await;
 
     // A node started with the retired key alone is refused, naming both fingerprints.
-    let out = run_aether(
-        &[
-            "serve",
-            "--data-dir",
-            dir.path().join("a").to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-            "--grpc-listen",
-            "127.0.0.1:0",
-            "--node-id",
-            "node-a",
-        ],
-        &[("DATABASE_URL", db.url.as_str())],
-    );
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = refused_start(&dir.path().join("a"), &db, "node-a");
     assert!(
         stderr.contains(&key_fingerprint(&old.public_key_hex()))
             && stderr.contains(&key_fingerprint(&new.public_key_hex())),
