@@ -48,7 +48,13 @@ pub struct WindowRecorder {
     store: EventStore,
     node: String,
     open: HashMap<String, WindowAggregator>,
+    /// Closed windows the ledger did not take yet (the database was unreachable), by
+    /// rollout: appended again, first, at the next flush.
+    unrecorded: HashMap<String, Vec<NewEvent>>,
 }
+
+/// Most windows kept per rollout while the ledger cannot take them (the oldest go first).
+const MAX_UNRECORDED: usize = 1_000;
 
 impl WindowRecorder {
     pub fn new(store: EventStore, node: &str) -> WindowRecorder {
@@ -56,6 +62,7 @@ impl WindowRecorder {
             store,
             node: node.to_owned(),
             open: HashMap::new(),
+            unrecorded: HashMap::new(),
         }
     }
 
@@ -108,7 +115,9 @@ impl WindowRecorder {
 
     /// Appends every window that ended by `now`, for every automated rollout that routes
     /// traffic (empty windows too), and forgets rollouts that ended. Returns how many
-    /// window events were appended.
+    /// window events were appended. Windows the ledger refuses (the database unreachable)
+    /// are kept and appended first at the next flush; the first such error is returned
+    /// after every rollout was tried.
     pub async fn flush(
         &mut self,
         control: &ControlState,
@@ -116,36 +125,49 @@ impl WindowRecorder {
     ) -> Result<usize, LedgerError> {
         let live = control.rollouts.analysed();
         self.open.retain(|id, _| live.contains(id));
+        self.unrecorded.retain(|id, _| live.contains(id));
         let mut appended = 0;
+        let mut failure = None;
         for id in live {
             let Some(windows) = self.aggregator(control, &id, now) else {
                 continue;
             };
             let closed = windows.close_until(now);
-            if closed.is_empty() {
+            let mut events = self.unrecorded.remove(&id).unwrap_or_default();
+            if closed.is_empty() && events.is_empty() {
                 continue;
             }
-            let events: Vec<NewEvent> = closed
-                .into_iter()
-                .map(|mut samples| {
-                    let thinned = samples.thin(MAX_WINDOW_VALUES);
-                    let window = NodeWindow {
-                        node: self.node.clone(),
-                        samples,
-                        thinned,
-                    };
-                    NewEvent::new(
-                        WINDOW_OBSERVED,
-                        serde_json::to_value(&window).unwrap_or(Value::Null),
-                    )
-                    .with_metadata(json!({"actor": "aether:gateway", "node": self.node}))
-                })
-                .collect();
-            appended += events.len();
-            self.store
-                .append(&windows_stream(&id), ExpectedVersion::Any, events)
-                .await?;
+            events.extend(closed.into_iter().map(|mut samples| {
+                let thinned = samples.thin(MAX_WINDOW_VALUES);
+                let window = NodeWindow {
+                    node: self.node.clone(),
+                    samples,
+                    thinned,
+                };
+                NewEvent::new(
+                    WINDOW_OBSERVED,
+                    serde_json::to_value(&window).unwrap_or(Value::Null),
+                )
+                .with_metadata(json!({"actor": "aether:gateway", "node": self.node}))
+            }));
+            let count = events.len();
+            match self
+                .store
+                .append(&windows_stream(&id), ExpectedVersion::Any, events.clone())
+                .await
+            {
+                Ok(_) => appended += count,
+                Err(e) => {
+                    let dropped = count.saturating_sub(MAX_UNRECORDED);
+                    events.drain(..dropped);
+                    self.unrecorded.insert(id, events);
+                    failure.get_or_insert(e);
+                }
+            }
         }
-        Ok(appended)
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(appended),
+        }
     }
 }

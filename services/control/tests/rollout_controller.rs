@@ -598,3 +598,68 @@ async fn a_controller_whose_lease_moved_records_and_changes_nothing() {
     drop(h);
     db.drop_database().await;
 }
+
+/// A node's windows that the ledger refused (a trigger stands in for an unreachable
+/// database) are kept and recorded, in order and once each, when it takes them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn windows_the_ledger_refused_are_recorded_at_the_next_flush() {
+    use aether_control::rollout_controller::RolloutObservation;
+    use aether_control::rollout_windows::{WindowRecorder, windows_stream};
+    use sqlx::Connection;
+    let h = harness(vec![10, 50, 100]).await;
+    let mut recorder = WindowRecorder::new(h.store.clone(), "node-a");
+    let observation = RequestObservation {
+        request_id: "r-1".into(),
+        stage: Stage::Candidate,
+        latency_us: 1_000,
+        error: false,
+        score: 0.2,
+        confidence: 0.9,
+        flagged: false,
+        rules_flagged: false,
+        features: BTreeMap::new(),
+        shadow: false,
+        at: h.at(0, 100),
+    };
+    let filed = recorder
+        .observe(
+            &h.state,
+            RolloutObservation::Request {
+                rollout_id: h.rollout.id.clone(),
+                observation,
+            },
+            h.at(0, 200),
+        )
+        .unwrap();
+    assert!(filed);
+    let mut admin = sqlx::SqliteConnection::connect(&h.url).await.unwrap();
+    sqlx::raw_sql(
+        "CREATE TRIGGER refuse_windows BEFORE INSERT ON events \
+         WHEN NEW.stream_id LIKE 'analysis/%/windows' \
+         BEGIN SELECT RAISE(ABORT, 'refused'); END",
+    )
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    let stream = windows_stream(&h.rollout.id);
+    assert!(recorder.flush(&h.state, h.at(1, 1)).await.is_err());
+    assert!(recorder.flush(&h.state, h.at(2, 1)).await.is_err());
+    assert!(h.events(&stream).await.is_empty());
+
+    sqlx::raw_sql("DROP TRIGGER refuse_windows")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(recorder.flush(&h.state, h.at(3, 1)).await.unwrap(), 3);
+    let recorded = h.events(&stream).await;
+    let starts: Vec<String> = recorded
+        .iter()
+        .map(|e| e.payload_value().unwrap()["samples"]["start"].to_string())
+        .collect();
+    let mut unique = starts.clone();
+    unique.dedup();
+    assert_eq!(unique.len(), 3, "three windows, once each: {starts:?}");
+    let first = recorded[0].payload_value().unwrap();
+    assert_eq!(first["samples"]["candidate"]["requests"], 1, "{first}");
+    assert_eq!(recorder.flush(&h.state, h.at(3, 500)).await.unwrap(), 0);
+}
