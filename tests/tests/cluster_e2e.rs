@@ -891,6 +891,12 @@ async fn the_checkpoint_key_is_rotated_once_and_verify_follows_it() {
         &new.public_key_hex(),
     )
     .await;
+    let view = cluster(&node_b).await;
+    assert_eq!(
+        view["checkpoint_key"],
+        json!({"fingerprint": key_fingerprint(&new.public_key_hex()), "rotations": 1}),
+        "{view}"
+    );
 
     // A node started with the retired key alone is refused, naming both fingerprints.
     let stderr = refused_start(&dir.path().join("a"), &db, "node-a");

@@ -402,8 +402,8 @@ pub fn routes() -> OpenApiRouter<AppState> {
 
 /// `GET /v1/cluster` (operator, regulator): the nodes and who holds which duty.
 #[utoipa::path(get, path = "/v1/cluster", tag = "cluster",
-    description = "The nodes of this node's cluster (those on the same PostgreSQL ledger): id, addresses, version, last heartbeat, and the duties (leases) each holds, with their fencing tokens. On SQLite, the one node. Role: operator or regulator.",
-    responses((status = 200, description = "`{node_id, ledger, nodes: [{node_id, http_address, grpc_address, version, started_at, heartbeat_at, silent_ms, duties}], leases: [{name, holder, token, acquired_at, expires_at, live}]}`", body = serde_json::Value)))]
+    description = "The nodes of this node's cluster (those on the same PostgreSQL ledger): id, addresses, version, last heartbeat, and the duties (leases) each holds, with their fencing tokens; and the fingerprint of the key that signs the checkpoints now, with the number of key rotations. On SQLite, the one node. Role: operator or regulator.",
+    responses((status = 200, description = "`{node_id, ledger, nodes: [{node_id, http_address, grpc_address, version, started_at, heartbeat_at, silent_ms, control_seq, duties}], leases: [{name, holder, token, acquired_at, expires_at, live}], checkpoint_key: {fingerprint (null before the first checkpoint), rotations}}`", body = serde_json::Value)))]
 async fn cluster(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, Problem> {
     authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
     let leases = state.store.leases().await?;
@@ -428,11 +428,20 @@ async fn cluster(State(state): State<AppState>, headers: HeaderMap) -> Result<Re
     } else {
         "sqlite"
     };
+    // Which key signs the cluster's checkpoints now, and how many times it was rotated.
+    let in_force = aether_ledger::key_rotation::key_in_force(&state.store).await?;
+    let rotations = aether_ledger::key_rotation::key_rotations(&state.store)
+        .await?
+        .len();
     Ok(axum::Json(json!({
         "node_id": &*state.node_id,
         "ledger": ledger,
         "nodes": nodes,
         "leases": leases,
+        "checkpoint_key": {
+            "fingerprint": in_force.as_deref().map(fingerprint),
+            "rotations": rotations,
+        },
     }))
     .into_response())
 }
