@@ -33,6 +33,21 @@ pub fn aether_bin() -> PathBuf {
 }
 
 /// Runs `aether <args>` to completion with the given environment.
+/// `aether audit verify BUNDLE --public-key KEY`: the offline check of an evidence bundle
+/// against a trusted key.
+pub fn audit_verify(bundle: &Path, public_key: &Path) -> std::process::Output {
+    run_aether(
+        &[
+            "audit",
+            "verify",
+            bundle.to_str().unwrap(),
+            "--public-key",
+            public_key.to_str().unwrap(),
+        ],
+        &[],
+    )
+}
+
 pub fn run_aether(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     let mut cmd = Command::new(aether_bin());
     cmd.args(args)

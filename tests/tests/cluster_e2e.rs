@@ -946,16 +946,7 @@ async fn the_checkpoint_key_is_rotated_once_and_verify_follows_it() {
     let path = dir.path().join("evidence.json");
     std::fs::write(&path, serde_json::to_vec(&bundle).unwrap()).unwrap();
     let public = dir.path().join("a").join("keys").join(PUBLIC_KEY_FILE);
-    let out = run_aether(
-        &[
-            "audit",
-            "verify",
-            path.to_str().unwrap(),
-            "--public-key",
-            public.to_str().unwrap(),
-        ],
-        &[],
-    );
+    let out = aether_e2e::audit_verify(&path, &public);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
     assert!(

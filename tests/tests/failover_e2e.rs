@@ -219,16 +219,7 @@ async fn regulators_read_from_the_replica_and_proofs_never_outrun_it() {
         .path()
         .join("keys")
         .join(aether_ledger::checkpoint::PUBLIC_KEY_FILE);
-    let out = run_aether(
-        &[
-            "audit",
-            "verify",
-            path.to_str().unwrap(),
-            "--public-key",
-            public.to_str().unwrap(),
-        ],
-        &[],
-    );
+    let out = aether_e2e::audit_verify(&path, &public);
     assert_eq!(
         out.status.code(),
         Some(0),
