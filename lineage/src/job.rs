@@ -101,6 +101,7 @@ impl Change {
             | "WeightDecided"
             | "SemanticRollbackDecided"
             | "PromotionDecided"
+            | "PromotionWithheld"
             | "DriftReferenceFixed"
             | "StepSnapshotTaken" => (ROLLOUT_ANALYSIS, Complete),
             "RolledBack" => (ROLLOUT_ROLLBACK, Complete),

@@ -1096,6 +1096,49 @@ async fn the_rollout_controller_decides_on_every_nodes_traffic() {
         "{}",
         json!(checks)
     );
+    // Every conclusive check carries the A/B comparison, and the analysis API shows it
+    // on either node, newest check first.
+    let analysis = get(&node_b, &format!("/v1/rollouts/{id}/analysis?limit=5")).await;
+    let listed = analysis["checks"].as_array().unwrap();
+    assert!(!listed.is_empty() && listed.len() <= 5, "{analysis}");
+    assert!(
+        listed
+            .windows(2)
+            .all(|w| w[0]["seq"].as_u64() > w[1]["seq"].as_u64())
+    );
+    let metrics: Vec<&Value> = analysis["significance"]["comparisons"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no significance in {analysis}"))
+        .iter()
+        .map(|c| &c["metric"])
+        .collect();
+    assert_eq!(
+        metrics,
+        [
+            &json!("latency_p99_us"),
+            &json!("error_rate"),
+            &json!("mean_confidence"),
+            &json!("compliance_miss_rate")
+        ]
+    );
+    assert_eq!(analysis["significance"]["alpha"], 0.05);
+    assert!(
+        checks
+            .iter()
+            .any(|c| c["payload"]["significance"]["windows"].as_u64() >= Some(1)),
+        "{}",
+        json!(checks)
+    );
+    for (query, status) in [("?limit=0", 400), ("?limit=101", 400), ("?page=2", 400)] {
+        let resp = http()
+            .get(node_b.url(&format!("/v1/rollouts/{id}/analysis{query}")))
+            .bearer_auth(OPERATOR_TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), status, "{query}");
+    }
+
     // node-b follows the weight the controller on node-a set.
     let weight = widened.last().unwrap()["payload"]["to_weight"].clone();
     wait_for_value(

@@ -30,6 +30,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(engine))
         .routes(routes!(start_rollout, list_rollouts))
         .routes(routes!(rollout))
+        .routes(routes!(rollout_analysis))
         .routes(routes!(rollout_command))
         .routes(routes!(control_state))
 }
@@ -211,6 +212,100 @@ async fn rollout(
                 format!("no rollout {id:?}"),
             )
         })
+}
+
+/// Rollout checks read per page of the analysis stream; a check is about ten events.
+const ANALYSIS_PAGE: u32 = 500;
+/// Pages read at most for one answer, so a long rollout cannot make it unbounded.
+const ANALYSIS_PAGES: usize = 20;
+
+#[utoipa::path(get, path = "/v1/rollouts/{id}/analysis", tag = "rollouts",
+    description = "The rollout's newest analysis checks (newest first), each with its window, step, evidence and the A/B significance of the candidate against the baseline (Wilcoxon signed-rank and Cliff's delta per golden metric over the paired windows; ANALYSIS.md); `significance` is the newest conclusive check's. Role: operator or regulator.",
+    params(("id" = String, Path, description = "Rollout id"),
+           ("limit" = Option<u64>, Query, minimum = 1, maximum = 100, description = "Checks to return, 1 to 100 (default 20)")),
+    responses((status = 200, description = "`{rollout, checks: [{seq, window_start, window_end, step, gate, weight, evidence?, significance?}], significance}`", body = serde_json::Value),
+              (status = 400, description = "A malformed parameter or one out of its range"),
+              (status = 404, description = "No such rollout")))]
+async fn rollout_analysis(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    query: crate::audit_http::Params,
+) -> Result<Response, Problem> {
+    authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
+    let p = crate::audit_http::params(query, &["limit"])?;
+    let limit = crate::http::parse_u64(&p, "limit", 20)?;
+    if !(1..=100).contains(&limit) {
+        return Err(Problem::bad_request(format!(
+            "limit must be between 1 and 100, got {limit}"
+        )));
+    }
+    let rollout = state.control.rollouts.get(&id).ok_or_else(|| {
+        Problem::new(
+            StatusCode::NOT_FOUND,
+            "Not found",
+            format!("no rollout {id:?}"),
+        )
+    })?;
+    let stream = aether_control::rollout_controller::stream(&id);
+    let mut checks = Vec::new();
+    let mut before = u64::MAX;
+    for _ in 0..ANALYSIS_PAGES {
+        let page = state
+            .reads
+            .read_stream(
+                &stream,
+                before,
+                aether_ledger::Direction::Backward,
+                ANALYSIS_PAGE,
+            )
+            .await?;
+        for event in &page {
+            if event.event_type == aether_control::rollout_controller::CHECKED
+                && (checks.len() as u64) < limit
+            {
+                checks.push(check_summary(event));
+            }
+        }
+        match page.last() {
+            Some(last) if (checks.len() as u64) < limit && last.stream_version > 1 => {
+                before = last.stream_version - 1;
+            }
+            _ => break,
+        }
+    }
+    let significance = checks
+        .iter()
+        .find_map(|c| c.get("significance").cloned())
+        .unwrap_or(serde_json::Value::Null);
+    Ok(axum::Json(json!({
+        "rollout": rollout,
+        "checks": checks,
+        "significance": significance,
+    }))
+    .into_response())
+}
+
+/// A `RolloutChecked` without the analyzer's internals (its state's samples).
+fn check_summary(event: &aether_ledger::RecordedEvent) -> serde_json::Value {
+    let p: serde_json::Value =
+        serde_json::from_str(event.payload.get()).unwrap_or(serde_json::Value::Null);
+    let mut summary = json!({
+        "seq": event.seq,
+        "recorded_at": event.recorded_at,
+        "window_start": p["window_start"],
+        "window_end": p["window_end"],
+        "step": p["step"],
+        "gate": p["state"]["gate"],
+        "weight": p["state"]["weight"],
+        "controller": p["state"]["controller"]["mode"],
+    });
+    for member in ["evidence", "significance"] {
+        if let Some(v) = p.get(member) {
+            summary[member] = v.clone();
+        }
+    }
+    summary
 }
 
 pub(crate) fn json_body<T: serde::de::DeserializeOwned>(

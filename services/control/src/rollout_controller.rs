@@ -41,6 +41,7 @@ pub const TRANSITIONED: &str = "ControllerTransitioned";
 pub const WEIGHT_DECIDED: &str = "WeightDecided";
 pub const ROLLBACK_DECIDED: &str = "SemanticRollbackDecided";
 pub const PROMOTION_DECIDED: &str = "PromotionDecided";
+pub const PROMOTION_WITHHELD: &str = "PromotionWithheld";
 /// The reference window drift is measured against, fixed once per rollout.
 pub const REFERENCE_FIXED: &str = "DriftReferenceFixed";
 /// A snapshot the controller took after a step, the target of a later rollback.
@@ -416,6 +417,12 @@ impl RolloutController {
         if let Some(evidence) = evidence {
             checked["evidence"] = json!(evidence);
         }
+        if let Some(significance) = outcomes.iter().find_map(|o| match o {
+            AnalysisOutcome::Assessed { significance, .. } => Some(significance),
+            _ => None,
+        }) {
+            checked["significance"] = json!(significance);
+        }
         events.push(NewEvent::new(CHECKED, checked));
         let committed = self.record(events).await?;
         // Each action names the decision event behind it.
@@ -653,6 +660,7 @@ fn outcome_events(rollout: &RolloutState, outcome: &AnalysisOutcome) -> Vec<NewE
         AnalysisOutcome::WeightChange(_) => WEIGHT_DECIDED,
         AnalysisOutcome::Rollback(_) => ROLLBACK_DECIDED,
         AnalysisOutcome::Promote { .. } => PROMOTION_DECIDED,
+        AnalysisOutcome::PromotionWithheld { .. } => PROMOTION_WITHHELD,
     };
     let mut events = vec![NewEvent::new(kind, body)];
     if let AnalysisOutcome::Drift(d) = outcome {

@@ -451,6 +451,100 @@ fn healthy_candidate_is_widened_step_by_step_and_promoted() {
     ));
 }
 
+/// Widens a candidate until it is promoted or its promotion is withheld.
+fn widen_to_the_end(a: &mut Analyzer, spec: Spec) -> Vec<AnalysisOutcome> {
+    for i in 0..40 {
+        let out = run(a, i, spec);
+        if out.iter().any(|o| {
+            matches!(
+                o,
+                AnalysisOutcome::Promote { .. } | AnalysisOutcome::PromotionWithheld { .. }
+            )
+        }) {
+            return out;
+        }
+    }
+    panic!("neither promoted nor withheld in 40 windows");
+}
+
+#[test]
+fn a_healthy_but_significantly_slower_candidate_is_not_promoted_without_the_operator() {
+    // 130 ms against 100 ms in every window: within the SLA and low risk, so it widens,
+    // but 14 windows all slower are significant. The 14 differences are equal (ties), so
+    // the normal approximation: W⁺ = 105, mean 52.5, variance 253.75 − (14³ − 14)/48 =
+    // 196.875, z = 52.5/√196.875, p = ½·erfc(z/√2) = 9.140531649091767e-05 (Python's
+    // math.erfc).
+    let slower = Spec {
+        cand_ms: 130,
+        ..HEALTHY
+    };
+    let mut a = analyzer(0);
+    let out = widen_to_the_end(&mut a, slower);
+    let significance = out
+        .iter()
+        .find_map(|o| match o {
+            AnalysisOutcome::Assessed { significance, .. } => Some(significance),
+            _ => None,
+        })
+        .expect("assessed");
+    let latency = &significance.comparisons[0];
+    assert_eq!(latency.metric, GoldenMetric::LatencyP99Us);
+    assert_eq!(latency.windows, 14);
+    let wilcoxon = latency.wilcoxon.as_ref().expect("tested");
+    assert_eq!(wilcoxon.method, PMethod::Normal);
+    assert_eq!(wilcoxon.w_plus, 105.0);
+    let p = latency.p_worse.expect("tested");
+    assert!((p - 9.140531649091767e-05).abs() < 1e-18, "{p}");
+    assert!(latency.significantly_worse);
+    assert_eq!(
+        latency.cliffs_delta.as_ref().map(|d| d.magnitude),
+        Some(Magnitude::Large)
+    );
+    assert!(out.iter().any(|o| matches!(
+        o,
+        AnalysisOutcome::PromotionWithheld { worse, .. } if worse == &[GoldenMetric::LatencyP99Us]
+    )));
+    assert_eq!(
+        a.state().gate,
+        Gate::Paused {
+            reason: PauseReason::SignificantlyWorse
+        }
+    );
+    assert_eq!(a.state().finished, None);
+    assert_eq!(a.state().weight, 100);
+
+    // The same rollout with the requirement off is promoted.
+    let mut settings = AnalysisSettings::default();
+    settings.significance.promotion_requires_not_worse = false;
+    let mut a = Analyzer::new(settings, vec![1, 2, 5, 10, 25, 50, 100], 0).expect("valid");
+    let out = widen_to_the_end(&mut a, slower);
+    assert!(
+        out.iter()
+            .any(|o| matches!(o, AnalysisOutcome::Promote { .. }))
+    );
+    assert_eq!(a.state().finished, Some(Finish::Promoted));
+}
+
+#[test]
+fn the_paired_windows_survive_a_restart_and_are_bounded() {
+    let mut settings = AnalysisSettings::default();
+    settings.significance.max_windows = 8;
+    let mut a = Analyzer::new(settings.clone(), vec![1, 2, 5, 10, 25, 50, 100], 0).expect("valid");
+    for i in 0..5 {
+        run(&mut a, i, HEALTHY);
+    }
+    let saved = serde_json::to_value(a.state()).expect("serialisable");
+    let state = serde_json::from_value(saved).expect("state");
+    let mut b =
+        Analyzer::from_state(settings, vec![1, 2, 5, 10, 25, 50, 100], state).expect("valid");
+    assert_eq!(b.state().paired.len(), 5);
+    for i in 5..12 {
+        run(&mut b, i, HEALTHY);
+    }
+    assert_eq!(b.state().paired.len(), 8);
+    assert_eq!(b.state().paired[0].end, t(5 * MINUTE_MS));
+}
+
 // ---------------------------------------------------------------- drift tiers
 
 fn drift_of(out: &[AnalysisOutcome]) -> &DriftAction {
@@ -884,6 +978,7 @@ fn worked_example_of_analysis_md() {
             AnalysisOutcome::WeightChange(_) => "weight_change",
             AnalysisOutcome::Rollback(_) => "rollback",
             AnalysisOutcome::Promote { .. } => "promote",
+            AnalysisOutcome::PromotionWithheld { .. } => "promotion_withheld",
         })
         .collect();
     assert_eq!(kinds, ["assessed", "drift", "paused", "transition"]);

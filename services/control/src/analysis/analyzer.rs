@@ -17,6 +17,7 @@ use super::rollback::{
     CommittedSnapshot, RollbackDecision, RollbackTrigger, WindowBreach, window_breaches,
 };
 use super::settings::{AnalysisSettings, SettingsError};
+use super::significance::{GoldenMetric, PairedWindow, Significance, compare};
 
 /// Whether the rollout may widen, as far as the analysis is concerned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,6 +41,9 @@ pub enum PauseReason {
     DriftL2,
     /// An operator paused the rollout (a manual gate); their resume opens it.
     Operator,
+    /// Promotion was due but the candidate is significantly worse than the baseline on a
+    /// golden metric; the operator decides (resume for more evidence, or promote).
+    SignificantlyWorse,
 }
 
 /// How a rollout ended, as far as the analysis is concerned.
@@ -123,11 +127,20 @@ pub enum AnalysisOutcome {
         step: u64,
         metrics: WindowMetrics,
         risk: RiskAssessment,
+        /// The candidate against the baseline over the kept windows, this one included.
+        #[serde(default)]
+        significance: Significance,
     },
     Drift(DriftAction),
     Transition(Transition),
     WeightChange(WeightChange),
     Rollback(RollbackDecision),
+    /// Promotion was due but the candidate is significantly worse on these metrics
+    /// (`significance.promotion_requires_not_worse`); a `Paused` follows.
+    PromotionWithheld {
+        at: DateTime<Utc>,
+        worse: Vec<GoldenMetric>,
+    },
     /// Healthy at the last step: promote the candidate to 100 %.
     Promote {
         at: DateTime<Utc>,
@@ -147,6 +160,10 @@ pub struct AnalyzerState {
     /// first conclusive window.
     pub reference: Option<ReferenceSample>,
     pub finished: Option<Finish>,
+    /// The newest conclusive windows' golden metrics (at most
+    /// `significance.max_windows`), for the paired tests.
+    #[serde(default)]
+    pub paired: Vec<PairedWindow>,
 }
 
 /// One check's input: a closed window, the rollout step it was observed under and the
@@ -192,6 +209,7 @@ impl Analyzer {
             rollback: RollbackTrigger::default(),
             reference: None,
             finished: None,
+            paired: Vec::new(),
         };
         Analyzer::from_state(settings, steps, state)
     }
@@ -351,11 +369,20 @@ impl Analyzer {
             self.state.reference = Some(ReferenceSample::from_stage(&window.baseline));
         }
         let risk = assess(&metrics, &self.settings.risk, &self.settings.sla);
+        self.state.paired.push(PairedWindow::from(&metrics));
+        let keep = self.settings.significance.max_windows as usize;
+        if self.state.paired.len() > keep {
+            let excess = self.state.paired.len() - keep;
+            self.state.paired.drain(..excess);
+        }
+        let significance = compare(&self.state.paired, &self.settings.significance);
+        let worse = significance.worse();
         out.push(AnalysisOutcome::Assessed {
             at,
             step: check.step,
             metrics: metrics.clone(),
             risk: risk.clone(),
+            significance,
         });
 
         let response = match (drift.tier, self.state.gate) {
@@ -433,6 +460,14 @@ impl Analyzer {
                 self.settings.risk.increase_factor,
             ) {
                 Some(to) => self.set_weight(to, WeightReason::Increase, at, &mut out),
+                None if self.settings.significance.promotion_requires_not_worse
+                    && !worse.is_empty() =>
+                {
+                    out.push(AnalysisOutcome::PromotionWithheld { at, worse });
+                    let reason = PauseReason::SignificantlyWorse;
+                    self.state.gate = Gate::Paused { reason };
+                    out.push(AnalysisOutcome::Paused { at, reason });
+                }
                 None => {
                     out.push(AnalysisOutcome::Promote {
                         at,

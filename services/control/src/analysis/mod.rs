@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod risk;
 pub mod rollback;
 pub mod settings;
+pub mod significance;
 
 pub use analyzer::{
     AnalysisError, AnalysisOutcome, Analyzer, AnalyzerState, Check, DriftAction, DriftResponse,
@@ -35,7 +36,11 @@ pub use rollback::{
 };
 pub use settings::{
     AnalysisSettings, DriftSettings, EvidenceSettings, RiskSettings, RollbackSettings,
-    SettingsError, SlaSettings, WindowSettings,
+    SettingsError, SignificanceSettings, SlaSettings, WindowSettings,
+};
+pub use significance::{
+    CliffsDelta, GoldenMetric, GoldenMetrics, Magnitude, MetricComparison, PMethod, PairedWindow,
+    Significance, Wilcoxon, cliffs_delta, wilcoxon_signed_rank,
 };
 
 /// Clamps to [0, 1], reading NaN as 1: an unreadable signal counts as the worst one, so a

@@ -17,6 +17,7 @@ pub struct AnalysisSettings {
     pub risk: RiskSettings,
     pub drift: DriftSettings,
     pub rollback: RollbackSettings,
+    pub significance: SignificanceSettings,
 }
 
 /// How observations are cut into windows and how saturation is read from them.
@@ -169,6 +170,33 @@ impl Default for RollbackSettings {
     }
 }
 
+/// The paired tests of the candidate against the baseline over the rollout's windows.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SignificanceSettings {
+    /// One-sided level of "significantly worse".
+    pub alpha: f64,
+    /// Paired windows needed before a test is made (6: the fewest at which an exact
+    /// two-sided p can fall below 0.05).
+    pub min_windows: u64,
+    /// The newest windows kept for the tests (an hour at 60 s windows).
+    pub max_windows: u64,
+    /// Withhold promotion (pause for the operator) while the candidate is significantly
+    /// worse than the baseline on any golden metric.
+    pub promotion_requires_not_worse: bool,
+}
+
+impl Default for SignificanceSettings {
+    fn default() -> Self {
+        SignificanceSettings {
+            alpha: 0.05,
+            min_windows: 6,
+            max_windows: 60,
+            promotion_requires_not_worse: true,
+        }
+    }
+}
+
 /// Why a settings object cannot be used.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SettingsError {
@@ -260,9 +288,31 @@ impl AnalysisSettings {
         if self.rollback.consecutive_windows == 0 {
             return Err(SettingsError::ZeroCount("rollback.consecutive_windows"));
         }
+        let g = &self.significance;
+        if !(g.alpha.is_finite() && g.alpha > 0.0 && g.alpha < 1.0) {
+            return Err(SettingsError::OutOfRange {
+                name: "significance.alpha",
+                range: "(0, 1)",
+                value: g.alpha,
+            });
+        }
+        if g.min_windows == 0 {
+            return Err(SettingsError::ZeroCount("significance.min_windows"));
+        }
+        if g.max_windows < g.min_windows || g.max_windows > MAX_SIGNIFICANCE_WINDOWS {
+            return Err(SettingsError::OutOfRange {
+                name: "significance.max_windows",
+                range: "[min_windows, 1000]",
+                value: g.max_windows as f64,
+            });
+        }
         Ok(())
     }
 }
+
+/// The most windows a rollout's state keeps for the paired tests (each check records
+/// them, so the bound keeps `RolloutChecked` small).
+pub const MAX_SIGNIFICANCE_WINDOWS: u64 = 1000;
 
 fn unit(name: &'static str, value: f64) -> Result<(), SettingsError> {
     if value.is_finite() && (0.0..=1.0).contains(&value) {
