@@ -8,6 +8,7 @@
 
 pub mod artifact;
 pub mod blind_spot;
+pub mod explain;
 pub mod features;
 pub mod model;
 pub mod netting;
@@ -22,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 pub use artifact::{ArtifactError, ModelSpec, SavedArtifact};
+pub use explain::{ExplainError, ExplainSettings, Explanation, ExplanationStatus};
 pub use features::{FEATURE_COUNT, FEATURE_NAMES, FEATURE_SCHEMA_VERSION, features};
 pub use model::{DeviceChoice, Model, ModelError, Score};
 pub use netting::{NetPosition, Netting, NettingError, net};
@@ -44,6 +46,26 @@ pub struct BatchResult {
     pub elapsed: Duration,
     pub scoring_elapsed: Duration,
     pub netting_elapsed: Duration,
+    /// Per trade, in batch order: `None` when none was asked for, else the explanation
+    /// or why there is none.
+    #[serde(skip)]
+    pub explanations: Vec<Option<Result<Explanation, ExplainError>>>,
+}
+
+/// Which trades of a batch to explain: those marked (the rules already hold or reject
+/// them, or they were sampled) and those scoring at or above the hold threshold.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ExplainPlan {
+    /// Per trade, in batch order; missing entries count as not marked.
+    pub marked: Vec<bool>,
+    pub at_or_above: Option<f32>,
+}
+
+impl ExplainPlan {
+    fn wants(&self, index: usize, score: f32) -> bool {
+        self.marked.get(index).copied().unwrap_or(false)
+            || self.at_or_above.is_some_and(|t| score >= t)
+    }
 }
 
 /// Why a batch was refused. Nothing is reported for a refused batch.
@@ -59,6 +81,9 @@ pub enum ClearingError {
 #[derive(Debug)]
 pub struct ClearingModel {
     model: Model,
+    explain: ExplainSettings,
+    /// Drawn once, at the first explanation.
+    background: std::sync::OnceLock<Result<explain::Background, ExplainError>>,
 }
 
 impl ClearingModel {
@@ -68,13 +93,41 @@ impl ClearingModel {
         expected_digest: &str,
         device: DeviceChoice,
     ) -> Result<Self, ClearingError> {
-        Ok(ClearingModel {
-            model: Model::load_on(weights_path, expected_digest, device)?,
-        })
+        Ok(ClearingModel::from_model(Model::load_on(
+            weights_path,
+            expected_digest,
+            device,
+        )?))
     }
 
     pub fn from_model(model: Model) -> Self {
-        ClearingModel { model }
+        ClearingModel {
+            model,
+            explain: ExplainSettings::default(),
+            background: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Explains one raw feature row, seeded from `request_id`.
+    pub fn explain(
+        &self,
+        request_id: &str,
+        row: &[f32; FEATURE_COUNT],
+    ) -> Result<Explanation, ExplainError> {
+        let background = self
+            .background
+            .get_or_init(|| {
+                explain::Background::of_model(self.model.spec(), self.explain.background_size)
+            })
+            .as_ref()
+            .map_err(Clone::clone)?;
+        explain::Explainer {
+            weights: self.model.weights(),
+            spec: self.model.spec(),
+            background,
+            settings: &self.explain,
+        }
+        .explain(row, explain::seed_for(request_id))
     }
 
     pub fn model(&self) -> &Model {
@@ -92,11 +145,29 @@ impl ClearingModel {
         &self,
         batch: &[(Trade, TradeContext)],
     ) -> Result<BatchResult, ClearingError> {
+        self.score_net_and_explain(batch, &ExplainPlan::default())
+    }
+
+    /// [`ClearingModel::score_and_net`], then explains the trades `plan` asks for.
+    pub fn score_net_and_explain(
+        &self,
+        batch: &[(Trade, TradeContext)],
+        plan: &ExplainPlan,
+    ) -> Result<BatchResult, ClearingError> {
         let started = Instant::now();
         let scores = self.model.score_batch(batch)?;
         let scored = Instant::now();
         let netting = net(batch.iter().map(|(t, _)| t))?;
         let netted = Instant::now();
+        let explanations = batch
+            .iter()
+            .zip(&scores)
+            .enumerate()
+            .map(|(i, ((trade, ctx), score))| {
+                plan.wants(i, score.score)
+                    .then(|| self.explain(&trade.request_id, &features(trade, ctx)))
+            })
+            .collect();
         Ok(BatchResult {
             scores,
             netting,
@@ -106,6 +177,7 @@ impl ClearingModel {
             elapsed: netted - started,
             scoring_elapsed: scored - started,
             netting_elapsed: netted - scored,
+            explanations,
         })
     }
 }

@@ -146,6 +146,8 @@ pub struct Model {
     mean: Tensor,
     std: Tensor,
     layers: Vec<Layer>,
+    /// The plain-f32 weights: the reference forward pass explanations run on.
+    weights: crate::artifact::MlpWeights,
 }
 
 impl fmt::Debug for Model {
@@ -200,6 +202,7 @@ impl Model {
             mean,
             std,
             layers,
+            weights: artifact.weights,
         })
     }
 
@@ -215,6 +218,11 @@ impl Model {
 
     pub fn spec(&self) -> &ModelSpec {
         &self.spec
+    }
+
+    /// The plain-f32 weights (the reference forward pass).
+    pub fn weights(&self) -> &crate::artifact::MlpWeights {
+        &self.weights
     }
 
     pub fn model_ref(&self) -> &str {
