@@ -182,6 +182,64 @@ async fn trades_are_cleared_over_mtls_with_envelopes_and_every_decision_is_on_th
             .contains("threshold report"),
         "{why}"
     );
+    // Why the model scored what it did: a checked explanation, its attributions adding
+    // up to the score above the background's, each inside its interval.
+    let explanation = &why["explanation"];
+    assert_eq!(explanation["status"], "explained", "{why}");
+    assert_eq!(explanation["method"], "aether.explain.v1");
+    let attributions = explanation["attributions"].as_array().unwrap();
+    assert_eq!(attributions.len(), 8, "{explanation}");
+    let sum: f64 = attributions
+        .iter()
+        .map(|a| a["value"].as_f64().unwrap())
+        .sum();
+    let score = explanation["score"].as_f64().unwrap();
+    let base = explanation["base_value"].as_f64().unwrap();
+    assert!((sum - (score - base)).abs() < 1e-7, "{explanation}");
+    assert!(
+        (score - why["score"].as_f64().unwrap()).abs() < 1e-4,
+        "{why}"
+    );
+    // A cleared trade outside the sample carries none.
+    let cleared = get(&server, "/v1/audit/decisions/req-1").await;
+    assert!(cleared["explanation"].is_null(), "{cleared}");
+    // Recomputed offline from the ledger and the artifact, bit for bit.
+    let data_arg = data.to_str().unwrap();
+    let out = aether_e2e::run_aether(
+        &[
+            "model",
+            "explain",
+            "--data-dir",
+            data_arg,
+            "--request-id",
+            "req-2",
+        ],
+        &[],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("MATCH"),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = aether_e2e::run_aether(
+        &[
+            "model",
+            "explain",
+            "--data-dir",
+            data_arg,
+            "--request-id",
+            "req-1",
+        ],
+        &[],
+    );
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("was not explained"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
     let missing = http()
         .get(server.url("/v1/audit/decisions/no-such-request"))
         .bearer_auth(REGULATOR_TOKEN)

@@ -35,7 +35,14 @@ async fn submit_meanwhile(
 async fn a_gateway_without_local_workers_never_reads_the_model_file() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let server = gateway_without_local_workers(&data);
+    // Every decision explained (a sample of 100 % of the cleared), so the worker explains.
+    let server = Server::start(
+        &data,
+        &[
+            ("AETHER_NO_LOCAL_WORKERS", "true"),
+            ("AETHER_EXPLAIN_CLEARED_PERCENT", "100"),
+        ],
+    );
     // An artifact the gateway cannot read: only the worker holds the model.
     activate_with_model_uri(&server, "s3://aether-models/reference/model.safetensors").await;
     let mut bank_a = client(&server, &data, "bank-a").await;
@@ -60,6 +67,16 @@ async fn a_gateway_without_local_workers_never_reads_the_model_file() {
     assert_eq!(all.len(), 1, "{all:?}");
     assert_eq!(all[0]["payload"]["worker"], "worker-1");
     assert_eq!(all[0]["payload"]["model_digest"], REFERENCE_MODEL_DIGEST);
+    // The worker explained it (the gateway cannot: it has no model) and the gateway took
+    // the explanation as it checks a worker's score.
+    let explanation = &all[0]["payload"]["explanation"];
+    assert_eq!(explanation["status"], "explained", "{explanation}");
+    assert!(
+        (explanation["score"].as_f64().unwrap() - all[0]["payload"]["score"].as_f64().unwrap())
+            .abs()
+            < 1e-4,
+        "{explanation}"
+    );
     assert!(server.terminate().success());
 }
 

@@ -288,6 +288,9 @@ fn explain(
             "corpora": corpora,
         },
         "latency_us": p["latency_us"],
+        // Why the model scored what it did (held and rejected decisions, and a sample
+        // of cleared ones): attributions, intervals and the audit's verdict.
+        "explanation": p.get("explanation").cloned().unwrap_or(Value::Null),
         "event": event,
         "lineage": lineage,
         "note": proof_note(&proof),

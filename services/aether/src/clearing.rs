@@ -75,6 +75,11 @@ pub struct ClearingArgs {
     /// Anomaly score at or above which a trade is held for review.
     #[arg(long, env = "AETHER_HOLD_SCORE", default_value_t = 0.8)]
     pub hold_score: f64,
+    /// Percent of cleared trades explained too (held and rejected ones always are): a
+    /// stable sample by request id, 0 to 100.
+    #[arg(long, env = "AETHER_EXPLAIN_CLEARED_PERCENT", default_value_t = 0,
+          value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub explain_cleared_percent: u32,
     /// JSON file with the rules' risk settings: `{reporting_threshold_minor,
     /// high_risk_jurisdictions, limits}`.
     #[arg(long, env = "AETHER_RISK_SETTINGS")]
@@ -153,6 +158,7 @@ pub async fn start(
         hold_score: args.hold_score,
         risk,
         observations,
+        explain_cleared_percent: args.explain_cleared_percent,
         ..GatewayConfig::default()
     };
     config.batcher.max_batch = args.batch_max.max(1);

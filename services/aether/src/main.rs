@@ -114,6 +114,9 @@ enum ModelCommand {
     /// Train the anomaly MLP on the documented synthetic dataset and print its held-out
     /// AUC and the SM3 digest to register it with.
     Train(model::TrainArgs),
+    /// Recompute a decision's recorded explanation from the ledger and the model artifact
+    /// and check it matches bit for bit (exit 0; 1 when it differs).
+    Explain(model::ExplainArgs),
 }
 
 #[derive(Subcommand)]
@@ -277,6 +280,7 @@ fn main() -> ExitCode {
             Command::Model(ModelCommand::Train(args)) => {
                 model::train_command(args).map(|_| ExitCode::SUCCESS)
             }
+            Command::Model(ModelCommand::Explain(args)) => model::explain_command(args).await,
             Command::Worker(args) => worker::run(args).await.map(|_| ExitCode::SUCCESS),
             Command::Demo(args) => demo::run(args).await.map(|_| ExitCode::SUCCESS),
             Command::Client(ClientCommand::Submit(args)) => {

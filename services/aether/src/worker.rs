@@ -317,7 +317,12 @@ async fn score(models: &[Arc<ClearingModel>], assignment: WorkAssignment) -> Wor
             Err(reason) => return failed(reason),
         }
     }
-    let outcome = tokio::task::spawn_blocking(move || model.score_and_net(&batch)).await;
+    let plan = aether_gpu_worker::ExplainPlan {
+        marked: assignment.items.iter().map(|i| i.explain).collect(),
+        at_or_above: assignment.explain_at_or_above.map(|t| t as f32),
+    };
+    let outcome =
+        tokio::task::spawn_blocking(move || model.score_net_and_explain(&batch, &plan)).await;
     match outcome {
         Ok(Ok(result)) => WorkerMessage {
             body: Some(Body::Result(BatchResult {
@@ -326,10 +331,22 @@ async fn score(models: &[Arc<ClearingModel>], assignment: WorkAssignment) -> Wor
                     .items
                     .iter()
                     .zip(&result.scores)
-                    .map(|(item, s)| ItemScore {
-                        request_id: item.request_id.clone(),
-                        score: f64::from(s.score),
-                        confidence: f64::from(s.confidence),
+                    .zip(result.explanations.iter().chain(std::iter::repeat(&None)))
+                    .map(|((item, s), explanation)| {
+                        let (explanation_json, explanation_error) = match explanation {
+                            Some(Ok(e)) => {
+                                (serde_json::to_string(e).unwrap_or_default(), String::new())
+                            }
+                            Some(Err(e)) => (String::new(), e.to_string()),
+                            None => (String::new(), String::new()),
+                        };
+                        ItemScore {
+                            request_id: item.request_id.clone(),
+                            score: f64::from(s.score),
+                            confidence: f64::from(s.confidence),
+                            explanation_json,
+                            explanation_error,
+                        }
                     })
                     .collect(),
                 netting: result

@@ -12,7 +12,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use aether_gpu_worker::{ClearingModel, Netting, Score, Trade, TradeContext, net};
+use aether_gpu_worker::{
+    ClearingModel, ExplainPlan, Explanation, Netting, Score, Trade, TradeContext, net,
+};
 use aether_ledger::{
     AppendToStream, Committed, EventStore, ExpectedVersion, LedgerError, NewEvent,
 };
@@ -93,7 +95,14 @@ pub struct Job {
     pub reply: oneshot::Sender<Result<Scored, String>>,
     /// The rollout stage this trade's model serves, when its batches are reported.
     pub observed: Option<Observed>,
+    /// Explain this trade's score whatever it is (the rules hold or reject it).
+    pub explain: bool,
+    /// Explain it when it scores at least this (the hold threshold).
+    pub explain_at_or_above: Option<f32>,
 }
+
+/// A trade's explanation, when one was asked for, or why there is none.
+pub type ExplanationOutcome = Option<Result<Explanation, String>>;
 
 /// A trade's score and the batch it was scored in.
 #[derive(Debug)]
@@ -105,6 +114,7 @@ pub struct Scored {
     pub device: String,
     pub worker: String,
     pub worker_elapsed: Duration,
+    pub explanation: ExplanationOutcome,
     /// Where the trade's decision goes to be recorded with the batch.
     pub recorder: Recorder,
 }
@@ -253,6 +263,7 @@ async fn collect(
 /// What scoring a batch gave, wherever it ran.
 struct Executed {
     scores: Vec<Score>,
+    explanations: Vec<ExplanationOutcome>,
     netting: Netting,
     device: String,
     worker: String,
@@ -268,6 +279,7 @@ async fn execute(
     config: &BatcherConfig,
     model: ModelHandle,
     inputs: Vec<(Trade, TradeContext)>,
+    plan: ExplainPlan,
 ) -> Result<Executed, String> {
     let ModelHandle {
         model_ref,
@@ -283,12 +295,18 @@ async fn execute(
             batch_id: Uuid::now_v7().to_string(),
             model_ref: model_ref.clone(),
             model_digest: digest.clone(),
-            items: inputs.iter().map(|(t, c)| work_item(t, c)).collect(),
+            items: inputs
+                .iter()
+                .enumerate()
+                .map(|(i, (t, c))| work_item(t, c, plan.marked.get(i).copied().unwrap_or(false)))
+                .collect(),
+            explain_at_or_above: plan.at_or_above.map(f64::from),
         };
         match pool.dispatch(assignment, config.worker_timeout).await {
             Ok((worker, result)) => match check_remote(&inputs, &result) {
                 Ok((scores, netting)) => {
                     return Ok(Executed {
+                        explanations: result.scores.iter().map(remote_explanation).collect(),
                         scores,
                         netting,
                         device: result.device,
@@ -313,11 +331,16 @@ async fn execute(
     let Some(model) = local.filter(|_| config.local_workers) else {
         return Err(last_error.unwrap_or_else(|| DispatchError::NoWorker(digest).to_string()));
     };
-    let result = tokio::task::spawn_blocking(move || model.score_and_net(&inputs))
+    let result = tokio::task::spawn_blocking(move || model.score_net_and_explain(&inputs, &plan))
         .await
         .map_err(|e| format!("the worker stopped: {e}"))?
         .map_err(|e| e.to_string())?;
     Ok(Executed {
+        explanations: result
+            .explanations
+            .into_iter()
+            .map(|e| e.map(|r| r.map_err(|e| e.to_string())))
+            .collect(),
         scores: result.scores,
         netting: result.netting,
         device: result.device,
@@ -328,7 +351,30 @@ async fn execute(
     })
 }
 
-fn work_item(trade: &Trade, context: &TradeContext) -> WorkItem {
+/// A remote worker's explanation, read as strictly as the worker's own type; a reply
+/// without one (an older worker) says so rather than leaving the decision unexplained.
+fn remote_explanation(score: &pb::ItemScore) -> ExplanationOutcome {
+    if !score.explanation_json.is_empty() {
+        return Some(
+            serde_json::from_str::<Explanation>(&score.explanation_json)
+                .map_err(|e| format!("the worker's explanation is unreadable: {e}"))
+                .and_then(|e| {
+                    // The reference pass and the worker's device agree to f32 rounding.
+                    if (e.score - score.score).abs() < 1e-4 {
+                        Ok(e)
+                    } else {
+                        Err(format!(
+                            "the worker's explanation is of score {}, not {}",
+                            e.score, score.score
+                        ))
+                    }
+                }),
+        );
+    }
+    (!score.explanation_error.is_empty()).then(|| Err(score.explanation_error.clone()))
+}
+
+fn work_item(trade: &Trade, context: &TradeContext, explain: bool) -> WorkItem {
     WorkItem {
         request_id: trade.request_id.clone(),
         member_id: trade.member_id.clone(),
@@ -344,6 +390,7 @@ fn work_item(trade: &Trade, context: &TradeContext) -> WorkItem {
         }),
         hour_utc: u32::from(context.hour_utc),
         velocity: context.velocity,
+        explain,
     }
 }
 
@@ -403,7 +450,11 @@ async fn score_batch(
     let batch_id = Uuid::now_v7();
     let inputs: Vec<(Trade, TradeContext)> =
         jobs.iter().map(|j| (j.trade.clone(), j.context)).collect();
-    let result = match execute(pool, config, model, inputs).await {
+    let plan = ExplainPlan {
+        marked: jobs.iter().map(|j| j.explain).collect(),
+        at_or_above: jobs.iter().find_map(|j| j.explain_at_or_above),
+    };
+    let result = match execute(pool, config, model, inputs, plan).await {
         Ok(result) => result,
         Err(reason) => {
             metrics::counter!("aether_clearing_batch_failures_total").increment(1);
@@ -459,10 +510,15 @@ async fn score_batch(
     );
     let size = jobs.len();
     let mut decided = Vec::with_capacity(size);
-    for (job, score) in jobs.into_iter().zip(result.scores) {
+    let explanations = result
+        .explanations
+        .into_iter()
+        .chain(std::iter::repeat(None));
+    for ((job, score), explanation) in jobs.into_iter().zip(result.scores).zip(explanations) {
         let (tx, rx) = oneshot::channel();
         let _ = job.reply.send(Ok(Scored {
             score,
+            explanation,
             batch_id,
             batch_size: size,
             device: result.device.clone(),

@@ -151,6 +151,9 @@ pub struct GatewayConfig {
     pub observations: Option<ObservationSender>,
     /// Shadow scoring by the other stage while a rollout is observed.
     pub shadow: ShadowSettings,
+    /// Percent (0–100) of the trades neither rules nor score hold that are explained
+    /// too (a stable sample by request id); held and rejected ones always are.
+    pub explain_cleared_percent: u32,
 }
 
 impl Default for GatewayConfig {
@@ -163,6 +166,7 @@ impl Default for GatewayConfig {
             device: DeviceChoice::Cpu,
             observations: None,
             shadow: ShadowSettings::default(),
+            explain_cleared_percent: 0,
         }
     }
 }
@@ -457,12 +461,15 @@ impl ClearingGateway {
             hour_utc: u8::try_from(now.hour()).unwrap_or(0),
             velocity,
         };
+        let explain = matches!(evaluation.decision, Action::Hold | Action::Deny)
+            || explain_sampled(&s.request_id, self.inner.config.explain_cleared_percent);
         let (model, scored, fallback) = match self
             .score(
                 &route.model_ref,
                 &trade,
                 context_for_model,
                 observed.clone(),
+                explain,
             )
             .await
         {
@@ -473,7 +480,7 @@ impl ClearingGateway {
                     return Err(e);
                 };
                 let (model, scored) = self
-                    .score(baseline, &trade, context_for_model, None)
+                    .score(baseline, &trade, context_for_model, None, explain)
                     .await?;
                 let taken =
                     json!({"from": route.model_ref, "to": baseline, "reason": e.to_string()});
@@ -495,6 +502,17 @@ impl ClearingGateway {
             .collect();
         let model_stage = origin.model_stage.clone().unwrap_or_default();
         let latency_us = micros_since(started);
+        // A held or rejected decision is never silently unexplained: without an
+        // explanation it says why there is none.
+        let explanation = match (&scored.explanation, decision) {
+            (Some(Ok(e)), _) => Some(json!(e)),
+            (Some(Err(reason)), _) => Some(json!({"status": "unavailable", "reason": reason})),
+            (None, Decision::Cleared) => None,
+            (None, _) => Some(json!({
+                "status": "unavailable",
+                "reason": "the worker returned no explanation",
+            })),
+        };
         let event = NewEvent::new(
             CLEARING_DECIDED,
             json!({
@@ -534,6 +552,7 @@ impl ClearingGateway {
                     "rules_digest": rules_digest,
                     "corpora": corpora,
                 },
+                "explanation": explanation,
             }),
         )
         .with_personal(personal_members(&trade))
@@ -665,6 +684,7 @@ impl ClearingGateway {
         trade: &Trade,
         context: TradeContext,
         observed: Option<Observed>,
+        explain: bool,
     ) -> Result<(ModelHandle, crate::batcher::Scored), ClearError> {
         let model = self.model(model_ref).await?;
         let (reply, scored) = oneshot::channel();
@@ -676,6 +696,8 @@ impl ClearingGateway {
                 context,
                 reply,
                 observed,
+                explain,
+                explain_at_or_above: Some(self.inner.config.hold_score as f32),
             })
             .map_err(|e| ClearError::Overloaded(e.to_string()))?;
         let scored = scored
@@ -892,6 +914,15 @@ fn micros_since(started: Instant) -> u64 {
 /// Scores are recorded rounded so that the event's JSON is exact and stable.
 fn round6(x: f64) -> f64 {
     (x * 1e6).round() / 1e6
+}
+
+/// Whether a request id falls in the `percent` explained although cleared: a stable
+/// sample, independent of the rollout buckets (SM3 of `explain:` ‖ id).
+fn explain_sampled(request_id: &str, percent: u32) -> bool {
+    percent > 0 && {
+        let h = sm3(format!("explain:{request_id}").as_bytes());
+        u32::from(u16::from_be_bytes([h[0], h[1]])) % 100 < percent
+    }
 }
 
 /// A stable bucket in 0..100 for a request id (SM3, first two bytes).

@@ -63,6 +63,8 @@ async fn a_batch_records_its_netting_with_the_decisions_of_the_trades_still_wait
                 context,
                 reply,
                 observed: None,
+                explain: false,
+                explain_at_or_above: None,
             })
             .unwrap();
         scored.push(answer);
