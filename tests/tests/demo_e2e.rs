@@ -44,6 +44,10 @@ fn the_demo_widens_the_candidate_then_rolls_it_back_on_its_own() {
     // The plan says how the weights move, the URLs say how to reopen them, and the
     // service's log tells the story.
     assert!(stdout.contains("(5, 8, 12, 18, 25 ...)"), "{stdout}");
+    assert!(
+        stdout.contains("a held trade explained (held_for_review, explained)"),
+        "{stdout}"
+    );
     assert!(stdout.contains("aether serve --data-dir"), "{stdout}");
     assert!(!stdout.contains("the operator resumes"), "{stdout}");
     assert!(log.contains("aether serving"), "serve.log:\n{log}");

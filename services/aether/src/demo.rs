@@ -199,6 +199,66 @@ async fn scenario(
     if how == "rolled back" {
         probe_after_rollback(&server.grpc, data, say).await?;
     }
+    explain_a_held_trade(&server.grpc, http, data, regulator, say).await
+}
+
+/// A trade the rules hold (over the reporting threshold), and what its explanation says:
+/// the model's score taken apart by feature, each part with its interval, checked.
+async fn explain_a_held_trade(
+    grpc: &str,
+    http: &str,
+    data: &Path,
+    regulator: &str,
+    say: &dyn Fn(&str),
+) -> anyhow::Result<()> {
+    let member = "demo-member-01";
+    let mut client = connect(grpc, data, member).await?;
+    let mut request = trade_request(&mut SplitMix(7), member, &value_date());
+    if let Some(trade) = request.trade.as_mut() {
+        trade.amount_minor = 25_000_000;
+    }
+    client.submit("held-explained", &request).await?;
+    let (status, body) = http_request(
+        http,
+        "GET",
+        "/v1/audit/decisions/held-explained",
+        regulator,
+        None,
+    )
+    .await?;
+    if status != 200 {
+        bail!("the audit API answered {status}: {body}");
+    }
+    let why: Value = serde_json::from_str(&body)?;
+    let e = &why["explanation"];
+    let mut parts: Vec<&Value> = e["attributions"].as_array().into_iter().flatten().collect();
+    parts.sort_by(|a, b| {
+        let size = |v: &Value| v["value"].as_f64().unwrap_or(0.0).abs();
+        size(b).total_cmp(&size(a))
+    });
+    let top: Vec<String> = parts
+        .iter()
+        .take(3)
+        .map(|a| {
+            format!(
+                "{} {:+.3} [{:+.3}, {:+.3}]",
+                a["feature"].as_str().unwrap_or("?"),
+                a["value"].as_f64().unwrap_or(f64::NAN),
+                a["ci95"][0].as_f64().unwrap_or(f64::NAN),
+                a["ci95"][1].as_f64().unwrap_or(f64::NAN),
+            )
+        })
+        .collect();
+    say(&format!(
+        "a held trade explained ({}, {}): score {:.3} against {:.3} for the training book,          most of it from {}; LIME fidelity error {:.3}; recompute it with          aether model explain --data-dir {} --request-id held-explained",
+        why["decision"].as_str().unwrap_or("?"),
+        e["status"].as_str().unwrap_or("no explanation"),
+        e["score"].as_f64().unwrap_or(f64::NAN),
+        e["base_value"].as_f64().unwrap_or(f64::NAN),
+        top.join(", "),
+        e["lime"]["fidelity_error"].as_f64().unwrap_or(f64::NAN),
+        data.display(),
+    ));
     Ok(())
 }
 
