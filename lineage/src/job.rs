@@ -102,6 +102,7 @@ impl Change {
             | "SemanticRollbackDecided"
             | "PromotionDecided"
             | "PromotionWithheld"
+            | "DriftEscalated"
             | "DriftReferenceFixed"
             | "StepSnapshotTaken" => (ROLLOUT_ANALYSIS, Complete),
             "RolledBack" => (ROLLOUT_ROLLBACK, Complete),

@@ -42,6 +42,7 @@ pub const WEIGHT_DECIDED: &str = "WeightDecided";
 pub const ROLLBACK_DECIDED: &str = "SemanticRollbackDecided";
 pub const PROMOTION_DECIDED: &str = "PromotionDecided";
 pub const PROMOTION_WITHHELD: &str = "PromotionWithheld";
+pub const DRIFT_ESCALATED: &str = "DriftEscalated";
 /// The reference window drift is measured against, fixed once per rollout.
 pub const REFERENCE_FIXED: &str = "DriftReferenceFixed";
 /// A snapshot the controller took after a step, the target of a later rollback.
@@ -661,6 +662,7 @@ fn outcome_events(rollout: &RolloutState, outcome: &AnalysisOutcome) -> Vec<NewE
         AnalysisOutcome::Rollback(_) => ROLLBACK_DECIDED,
         AnalysisOutcome::Promote { .. } => PROMOTION_DECIDED,
         AnalysisOutcome::PromotionWithheld { .. } => PROMOTION_WITHHELD,
+        AnalysisOutcome::DriftEscalated(_) => DRIFT_ESCALATED,
     };
     let mut events = vec![NewEvent::new(kind, body)];
     if let AnalysisOutcome::Drift(d) = outcome {

@@ -979,6 +979,7 @@ fn worked_example_of_analysis_md() {
             AnalysisOutcome::Rollback(_) => "rollback",
             AnalysisOutcome::Promote { .. } => "promote",
             AnalysisOutcome::PromotionWithheld { .. } => "promotion_withheld",
+            AnalysisOutcome::DriftEscalated(_) => "drift_escalated",
         })
         .collect();
     assert_eq!(kinds, ["assessed", "drift", "paused", "transition"]);
@@ -1110,4 +1111,92 @@ proptest! {
             }
         }
     }
+}
+
+/// The source design's escalation: a composite score above 0.7 followed, within the
+/// configured time, by one of at least 0.85 freezes the candidate even below the L3
+/// threshold; a planted drift (scores shifted by 0.3, then by 0.5; composite 0.710 and
+/// 0.873 against the first window's scores).
+#[test]
+fn a_planted_drift_escalates_on_the_composite_score() {
+    let escalating = |within_ms: u64| {
+        let mut s = AnalysisSettings::default();
+        s.drift.method = DriftMethod::Composite;
+        s.drift.composite.l3_above = 0.95; // so that only the escalation reaches L3
+        s.drift.composite.within_ms = within_ms;
+        let mut a = Analyzer::new(s, vec![1, 2, 5, 10, 25, 50, 100], 10).expect("valid");
+        run(&mut a, 0, HEALTHY);
+        let warned = run(
+            &mut a,
+            1,
+            Spec {
+                score_shift: 0.3,
+                ..HEALTHY
+            },
+        );
+        let escalated = run(
+            &mut a,
+            2,
+            Spec {
+                score_shift: 0.5,
+                ..HEALTHY
+            },
+        );
+        (a, warned, escalated)
+    };
+    let (a, warned, escalated) = escalating(60_000);
+    let first = drift_of(&warned);
+    let composite = first.report.composite.as_ref().expect("a reference exists");
+    assert!(
+        composite.score > 0.7 && composite.score < 0.85,
+        "{composite:?}"
+    );
+    assert_eq!(first.tier, DriftTier::L2);
+    let e = escalated
+        .iter()
+        .find_map(|o| match o {
+            AnalysisOutcome::DriftEscalated(e) => Some(e),
+            _ => None,
+        })
+        .expect("escalated");
+    assert_eq!(e.first_at, t(2 * MINUTE_MS));
+    assert_eq!(e.at, t(3 * MINUTE_MS));
+    assert!(e.score >= 0.85 && e.first_score > 0.7, "{e:?}");
+    let d = drift_of(&escalated);
+    assert_eq!(
+        (d.tier, d.response),
+        (DriftTier::L3, DriftResponse::FreezeAndOpenReview)
+    );
+    assert_eq!(a.state().gate, Gate::Frozen);
+    assert_eq!(a.state().weight, 0);
+    // KS/Wasserstein is still reported beside it, and is what the rollback reads.
+    assert!(d.report.score > 0.0);
+
+    // The same scores 60 s apart do not escalate within the design's 30 s: L2 only.
+    let (a, _, late) = escalating(30_000);
+    assert!(
+        !late
+            .iter()
+            .any(|o| matches!(o, AnalysisOutcome::DriftEscalated(_)))
+    );
+    assert_eq!(drift_of(&late).tier, DriftTier::L2);
+    assert_ne!(a.state().gate, Gate::Frozen);
+
+    // With the default method the composite is recorded but the tiers are KS/W's.
+    let mut b = analyzer(10);
+    run(&mut b, 0, HEALTHY);
+    let out = run(
+        &mut b,
+        1,
+        Spec {
+            score_shift: 0.3,
+            ..HEALTHY
+        },
+    );
+    let d = drift_of(&out);
+    assert!(d.report.composite.as_ref().is_some_and(|c| c.score > 0.7));
+    assert_eq!(
+        d.tier,
+        drift_tier(d.report.score, &DriftSettings::default())
+    );
 }

@@ -10,14 +10,18 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::drift::{DriftReport, DriftTier, ReferenceSample, assess_drift};
+use super::composite::{self, Escalation, RecentScores};
+use super::drift::{DriftReport, DriftTier, ReferenceSample, assess_drift, drift_tier};
 use super::metrics::{WindowMetrics, WindowSamples};
 use super::risk::{Controller, ControllerMode, RiskAssessment, Transition, assess, next_weight};
 use super::rollback::{
     CommittedSnapshot, RollbackDecision, RollbackTrigger, WindowBreach, window_breaches,
 };
-use super::settings::{AnalysisSettings, SettingsError};
+use super::settings::{AnalysisSettings, DriftMethod, DriftSettings, SettingsError};
 use super::significance::{GoldenMetric, PairedWindow, Significance, compare};
+
+/// Scores kept per window for the composite's long window.
+const RECENT_POINTS: usize = 100;
 
 /// Whether the rollout may widen, as far as the analysis is concerned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -131,6 +135,9 @@ pub enum AnalysisOutcome {
         #[serde(default)]
         significance: Significance,
     },
+    /// The composite score rose above `warn_above` and then, within `within_ms`, to
+    /// `escalate_at` or more (recorded whatever the method; it freezes with `composite`).
+    DriftEscalated(Escalation),
     Drift(DriftAction),
     Transition(Transition),
     WeightChange(WeightChange),
@@ -164,6 +171,12 @@ pub struct AnalyzerState {
     /// `significance.max_windows`), for the paired tests.
     #[serde(default)]
     pub paired: Vec<PairedWindow>,
+    /// The candidate's scores of the long window's earlier windows, thinned.
+    #[serde(default)]
+    pub recent_scores: Vec<RecentScores>,
+    /// The last composite score above `warn_above` not yet escalated: (window end, score).
+    #[serde(default)]
+    pub composite_warning: Option<(DateTime<Utc>, f64)>,
 }
 
 /// One check's input: a closed window, the rollout step it was observed under and the
@@ -210,6 +223,8 @@ impl Analyzer {
             reference: None,
             finished: None,
             paired: Vec::new(),
+            recent_scores: Vec::new(),
+            composite_warning: None,
         };
         Analyzer::from_state(settings, steps, state)
     }
@@ -332,6 +347,67 @@ impl Analyzer {
         }
     }
 
+    /// The composite drift of this window, its long window and the escalation pattern;
+    /// with `method: composite` it sets the report's tier (an escalation is L3).
+    fn composite_drift(
+        &mut self,
+        window: &WindowSamples,
+        drift: &mut DriftReport,
+    ) -> Option<Escalation> {
+        let d: &DriftSettings = &self.settings.drift;
+        let c = &d.composite;
+        let end = window.end;
+        let assessed = composite::assess(
+            &window.candidate,
+            end,
+            &self.state.recent_scores,
+            self.state.reference.as_ref(),
+            self.settings.evidence.min_drift_samples,
+            d.score_range,
+            c,
+        );
+        self.state.recent_scores.push(RecentScores {
+            end,
+            scores: composite::thinned(&window.candidate.scores, RECENT_POINTS),
+        });
+        let horizon = chrono::TimeDelta::milliseconds(c.long_window_ms as i64);
+        self.state.recent_scores.retain(|r| end - r.end < horizon);
+        let score = assessed.as_ref().map(|a| a.score)?;
+        let within = chrono::TimeDelta::milliseconds(c.within_ms as i64);
+        let mut escalation = None;
+        match self.state.composite_warning {
+            Some((first_at, first_score))
+                if end > first_at && end - first_at <= within && score >= c.escalate_at =>
+            {
+                escalation = Some(Escalation {
+                    first_at,
+                    first_score,
+                    at: end,
+                    score,
+                });
+                self.state.composite_warning = None;
+            }
+            Some((first_at, _)) if end - first_at <= within => {}
+            _ => {
+                self.state.composite_warning = (score > c.warn_above).then_some((end, score));
+            }
+        }
+        if d.method == DriftMethod::Composite {
+            let thresholds = DriftSettings {
+                l2_from: c.l2_from,
+                l3_above: c.l3_above,
+                ..d.clone()
+            };
+            drift.tier = if escalation.is_some() {
+                DriftTier::L3
+            } else {
+                drift_tier(score, &thresholds)
+            };
+        }
+        drift.composite = assessed;
+        escalation
+    }
+
     /// Judges one closed window.
     pub fn check(&mut self, check: Check<'_>) -> Result<Vec<AnalysisOutcome>, AnalysisError> {
         if let Some(finish) = self.state.finished {
@@ -358,13 +434,14 @@ impl Analyzer {
             return Ok(out);
         }
 
-        let drift = assess_drift(
+        let mut drift = assess_drift(
             &window.candidate,
             &window.baseline,
             self.state.reference.as_ref(),
             self.settings.evidence.min_drift_samples,
             &self.settings.drift,
         );
+        let escalation = self.composite_drift(window, &mut drift);
         if self.state.reference.is_none() {
             self.state.reference = Some(ReferenceSample::from_stage(&window.baseline));
         }
@@ -398,6 +475,9 @@ impl Analyzer {
             _ => DriftResponse::Record,
         };
         let drift_score = drift.score;
+        if let Some(e) = escalation {
+            out.push(AnalysisOutcome::DriftEscalated(e));
+        }
         out.push(AnalysisOutcome::Drift(DriftAction {
             at,
             tier: drift.tier,

@@ -213,6 +213,11 @@ pub struct DriftReport {
     pub baseline_term: f64,
     /// min(1, W₁(candidate, reference) / score_range).
     pub reference_term: f64,
+    /// The source design's composite score (absent until there is a reference). With
+    /// `drift.method: composite` it decides `tier`; `score` stays the KS/Wasserstein
+    /// one, which the semantic rollback reads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub composite: Option<super::composite::CompositeDrift>,
 }
 
 /// Drift of the candidate in one window. A test with fewer than `min_samples` values on
@@ -267,6 +272,7 @@ pub fn assess_drift(
         w1_vs_reference,
         baseline_term,
         reference_term,
+        composite: None,
     }
 }
 

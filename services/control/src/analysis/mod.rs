@@ -7,6 +7,7 @@
 //! `Cargo.toml` writes down every formula and default.
 
 pub mod analyzer;
+pub mod composite;
 pub mod drift;
 pub mod metrics;
 pub mod risk;
@@ -18,6 +19,7 @@ pub use analyzer::{
     AnalysisError, AnalysisOutcome, Analyzer, AnalyzerState, Check, DriftAction, DriftResponse,
     Evidence, Finish, Gate, PauseReason, Shortfall, WeightChange, WeightReason,
 };
+pub use composite::{CompositeDrift, Escalation, RecentScores, SeriesDrift};
 pub use drift::{
     DriftReport, DriftTier, FeatureDrift, KsTest, ReferenceSample, assess_drift, drift_tier,
     kolmogorov_q, ks_two_sample, wasserstein_1,
@@ -35,8 +37,9 @@ pub use rollback::{
     window_breaches,
 };
 pub use settings::{
-    AnalysisSettings, DriftSettings, EvidenceSettings, RiskSettings, RollbackSettings,
-    SettingsError, SignificanceSettings, SlaSettings, WindowSettings,
+    AnalysisSettings, CompositeSettings, CompositeWeights, DriftMethod, DriftSettings,
+    EvidenceSettings, RiskSettings, RollbackSettings, SettingsError, SignificanceSettings,
+    SlaSettings, WindowSettings,
 };
 pub use significance::{
     CliffsDelta, GoldenMetric, GoldenMetrics, Magnitude, MetricComparison, PMethod, PairedWindow,

@@ -136,6 +136,10 @@ pub struct DriftSettings {
     pub l2_from: f64,
     /// drift > l3_above → L3 (frozen at 0 % + review ticket).
     pub l3_above: f64,
+    /// Which score the tiers read; both are computed and recorded.
+    pub method: DriftMethod,
+    /// The source design's composite score (KL, JS, PSI; long window; escalation).
+    pub composite: CompositeSettings,
 }
 
 impl Default for DriftSettings {
@@ -145,6 +149,76 @@ impl Default for DriftSettings {
             score_range: 1.0,
             l2_from: 0.15,
             l3_above: 0.30,
+            method: DriftMethod::KsWasserstein,
+            composite: CompositeSettings::default(),
+        }
+    }
+}
+
+/// The drift score the tiers are judged on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DriftMethod {
+    /// The worst of the KS feature tests and the score Wasserstein distances, tiers at
+    /// `l2_from` / `l3_above`.
+    KsWasserstein,
+    /// The composite score, tiers at `composite.l2_from` / `composite.l3_above`, and an
+    /// escalation freezes like L3.
+    Composite,
+}
+
+/// Weights of the composite's three divergences.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CompositeWeights {
+    pub kl: f64,
+    pub js: f64,
+    pub psi: f64,
+}
+
+impl Default for CompositeWeights {
+    fn default() -> Self {
+        CompositeWeights {
+            kl: 0.4,
+            js: 0.35,
+            psi: 0.25,
+        }
+    }
+}
+
+/// The composite drift score of the source design.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CompositeSettings {
+    pub weights: CompositeWeights,
+    /// Quantile bins of the reference for KL, JS and PSI.
+    pub bins: usize,
+    /// The long window: closed windows this far back count, time-decayed.
+    pub long_window_ms: u64,
+    /// A window this old weighs half as much in the long window.
+    pub half_life_ms: u64,
+    /// Composite tiers (with `method: composite`): L2 from, L3 above.
+    pub l2_from: f64,
+    pub l3_above: f64,
+    /// Escalation: a score above `warn_above` followed within `within_ms` by one at or
+    /// above `escalate_at` (`DriftEscalated`).
+    pub warn_above: f64,
+    pub escalate_at: f64,
+    pub within_ms: u64,
+}
+
+impl Default for CompositeSettings {
+    fn default() -> Self {
+        CompositeSettings {
+            weights: CompositeWeights::default(),
+            bins: 10,
+            long_window_ms: 300_000,
+            half_life_ms: 120_000,
+            l2_from: 0.7,
+            l3_above: 0.85,
+            warn_above: 0.7,
+            escalate_at: 0.85,
+            within_ms: 30_000,
         }
     }
 }
@@ -278,6 +352,45 @@ impl AnalysisSettings {
             return Err(SettingsError::DriftTierOrder {
                 l2: d.l2_from,
                 l3: d.l3_above,
+            });
+        }
+        let c = &d.composite;
+        non_negative("drift.composite.weights.kl", c.weights.kl)?;
+        non_negative("drift.composite.weights.js", c.weights.js)?;
+        non_negative("drift.composite.weights.psi", c.weights.psi)?;
+        if c.weights.kl + c.weights.js + c.weights.psi <= 0.0 {
+            return Err(SettingsError::OutOfRange {
+                name: "drift.composite.weights",
+                range: "a positive sum",
+                value: 0.0,
+            });
+        }
+        if !(2..=1000).contains(&c.bins) {
+            return Err(SettingsError::OutOfRange {
+                name: "drift.composite.bins",
+                range: "[2, 1000]",
+                value: c.bins as f64,
+            });
+        }
+        if c.long_window_ms < 1000 || c.half_life_ms == 0 {
+            return Err(SettingsError::OutOfRange {
+                name: "drift.composite.long_window_ms / half_life_ms",
+                range: "≥ 1000 / ≥ 1",
+                value: c.long_window_ms.min(c.half_life_ms) as f64,
+            });
+        }
+        for (name, value) in [
+            ("drift.composite.l2_from", c.l2_from),
+            ("drift.composite.l3_above", c.l3_above),
+            ("drift.composite.warn_above", c.warn_above),
+            ("drift.composite.escalate_at", c.escalate_at),
+        ] {
+            unit(name, value)?;
+        }
+        if c.l2_from > c.l3_above {
+            return Err(SettingsError::DriftTierOrder {
+                l2: c.l2_from,
+                l3: c.l3_above,
             });
         }
         unit(
