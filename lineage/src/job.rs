@@ -52,6 +52,10 @@ pub const CLEARING_BATCH: &str = "clearing.batch";
 pub const LEDGER_CHECKPOINT: &str = "ledger.checkpoint";
 pub const LEDGER_REDACTION: &str = "ledger.redaction";
 pub const AUDIT_ACCESS: &str = "audit.access";
+/// A retraining run a drift retrain request started (the configured command).
+pub const MODEL_RETRAIN: &str = "model.retrain";
+/// A drift hand-off to the operators' webhook.
+pub const DRIFT_HANDOFF: &str = "drift.handoff";
 /// The job of any event type without a job of its own.
 pub const LEDGER_EVENT: &str = "ledger.event";
 
@@ -87,9 +91,8 @@ impl Change {
             "PolicyIngestRejected" => (POLICY_INGEST, Fail),
             "CorpusIngested" => (CORPUS_INGEST, Complete),
             "RolloutStarted" | "RolloutStepped" | "RolloutPaused" | "RolloutResumed"
-            | "RolloutPromoted" | "RolloutAborted" | "RolloutWeightSet" | "RolloutFallbackSet" => {
-                (ROLLOUT_STEP, Complete)
-            }
+            | "RolloutPromoted" | "RolloutAborted" | "RolloutWeightSet" | "RolloutFallbackSet"
+            | "ReviewTicketClosed" => (ROLLOUT_STEP, Complete),
             "RolloutChecked"
             | "RolloutAssessed"
             | "AnalysisInconclusive"
@@ -103,9 +106,16 @@ impl Change {
             | "PromotionDecided"
             | "PromotionWithheld"
             | "DriftEscalated"
+            | "ReviewTicketOverdue"
+            | "FeatureHealthSnapshot"
             | "DriftReferenceFixed"
             | "StepSnapshotTaken" => (ROLLOUT_ANALYSIS, Complete),
             "RolledBack" => (ROLLOUT_ROLLBACK, Complete),
+            "RetrainStarted" => (MODEL_RETRAIN, Start),
+            "RetrainFinished" => (MODEL_RETRAIN, Complete),
+            "RetrainFailed" => (MODEL_RETRAIN, Fail),
+            "HandoffDelivered" => (DRIFT_HANDOFF, Complete),
+            "HandoffFailed" => (DRIFT_HANDOFF, Fail),
             "SnapshotCommitted" => (SNAPSHOT_COMMIT, Complete),
             "SnapshotAborted" => (SNAPSHOT_COMMIT, Abort),
             "ClearingDecided" | "NettingComputed" => (CLEARING_BATCH, Complete),

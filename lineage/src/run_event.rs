@@ -39,6 +39,10 @@
 //!   `rollout_event_id`, else metadata `causation_id`.
 //! - `RolledBack`: the same, when the payload names `rollout_event_id` (a rollback to a
 //!   snapshot outside any rollout has no parent).
+//! - `RetrainStarted`, `RetrainFinished`, `RetrainFailed` (one `model.retrain` run, operation
+//!   = metadata `correlation_id`, the request's event id) and `HandoffDelivered`,
+//!   `HandoffFailed`: the `rollout.analysis` run of the request (`RetrainRequested`,
+//!   `ReviewTicketOpened`, …) named by metadata `causation_id`.
 //! - `ClearingDecided`, `NettingComputed`: the engine activation they ran under
 //!   (`engine.activate`, operation = metadata `causation_id`, which names the activation as
 //!   its run id is derived: its correlation id, or its `EngineActivationRequested` event id).
@@ -80,8 +84,8 @@ use uuid::Uuid;
 
 use crate::error::LineageError;
 use crate::job::{
-    CLEARING_BATCH, Change, ENGINE_ACTIVATE, INTEGRATION, JOB_NAMESPACE, JOB_TYPE, PROCESSING_TYPE,
-    ROLLOUT_STEP,
+    CLEARING_BATCH, Change, ENGINE_ACTIVATE, INTEGRATION, JOB_NAMESPACE, JOB_TYPE, MODEL_RETRAIN,
+    PROCESSING_TYPE, ROLLOUT_ANALYSIS, ROLLOUT_STEP,
 };
 use crate::ledger_facet::{AETHER_LEDGER_FACET, AetherLedgerRunFacet};
 
@@ -389,6 +393,12 @@ fn member<'v>(object: &'v Map<String, Value>, key: &str) -> Option<&'v Value> {
 
 /// The operation whose run this event reports (see "Run ids" above).
 fn operation(event: &RecordedEvent, change: Change, metadata: &Map<String, Value>) -> String {
+    if change.job == MODEL_RETRAIN {
+        // Started and finished are one run: the retrain request's.
+        if let Some(request) = id_at(metadata, "correlation_id") {
+            return request;
+        }
+    }
     if change.job == ENGINE_ACTIVATE {
         let shared = id_at(metadata, "correlation_id").or_else(|| {
             (change.state != RunEventType::Start)
@@ -411,12 +421,17 @@ fn parent(
 ) -> Option<ParentRunFacet> {
     let (job, operation) = match event.event_type.as_str() {
         "RolloutStepped" | "RolloutPaused" | "RolloutResumed" | "RolloutPromoted"
-        | "RolloutAborted" | "RolloutWeightSet" | "RolloutFallbackSet" => (
+        | "RolloutAborted" | "RolloutWeightSet" | "RolloutFallbackSet" | "ReviewTicketClosed" => (
             ROLLOUT_STEP,
             id_at(payload, "rollout_event_id").or_else(|| id_at(metadata, "causation_id"))?,
         ),
         "RolledBack" => (ROLLOUT_STEP, id_at(payload, "rollout_event_id")?),
         _ if change.job == CLEARING_BATCH => (ENGINE_ACTIVATE, id_at(metadata, "causation_id")?),
+        // A retraining run and a webhook delivery belong to the analysis event that asked
+        // for them (its run's operation is its own event id).
+        _ if change.job == MODEL_RETRAIN || change.job == crate::job::DRIFT_HANDOFF => {
+            (ROLLOUT_ANALYSIS, id_at(metadata, "causation_id")?)
+        }
         _ => return None,
     };
     Some(ParentRunFacet {

@@ -38,6 +38,10 @@ const EXPECTED: &[(&str, &str, &str)] = &[
     ("RolloutFallbackSet", "rollout.step", "COMPLETE"),
     ("RolloutChecked", "rollout.analysis", "COMPLETE"),
     ("ControllerTransitioned", "rollout.analysis", "COMPLETE"),
+    ("RetrainRequested", "rollout.analysis", "COMPLETE"),
+    ("RetrainStarted", "model.retrain", "START"),
+    ("RetrainFinished", "model.retrain", "COMPLETE"),
+    ("HandoffDelivered", "drift.handoff", "COMPLETE"),
     ("RolledBack", "rollout.rollback", "COMPLETE"),
     ("SnapshotCommitted", "snapshot.commit", "COMPLETE"),
     ("SnapshotAborted", "snapshot.commit", "ABORT"),
@@ -260,6 +264,34 @@ impl Day {
             json!({ "window_start": "2026-11-30T10:00:00Z", "window_end": "2026-11-30T10:01:00Z",
                     "step": 2, "state": { "weight": 5 } }),
             controller.clone(),
+        );
+        let retrain = c.append(
+            "analysis/r-2026-11-30",
+            "RetrainRequested",
+            json!({ "candidate": MODEL, "tier": "l2", "drift_score": 0.2,
+                    "data_range": { "from": "2026-11-30T09:00:00Z", "to": "2026-11-30T10:01:00Z" },
+                    "features": ["amount"] }),
+            controller.clone(),
+        );
+        let handoff = json!({ "actor": "aether-handoffs",
+                              "causation_id": retrain.event_id, "correlation_id": retrain.event_id });
+        c.append(
+            "handoff/retrain",
+            "RetrainStarted",
+            json!({ "request": { "seq": retrain.seq, "event_id": retrain.event_id } }),
+            handoff.clone(),
+        );
+        c.append(
+            "handoff/retrain",
+            "RetrainFinished",
+            json!({ "elapsed_ms": 1200, "request": { "seq": retrain.seq, "event_id": retrain.event_id } }),
+            handoff.clone(),
+        );
+        c.append(
+            "handoff/webhook",
+            "HandoffDelivered",
+            json!({ "attempts": 2, "status": 200, "request": { "seq": retrain.seq, "event_id": retrain.event_id } }),
+            handoff,
         );
         let mut caused = controller.clone();
         caused["causation_id"] = json!(transition.event_id);
@@ -682,16 +714,41 @@ fn other_events_each_have_a_run_of_their_own() {
     }
     for (run, types) in &runs {
         let shared_by_activation = types.iter().all(|t| job_name(t) == "engine.activate");
+        let shared_by_retraining = types.iter().all(|t| job_name(t) == "model.retrain");
         assert!(
-            types.len() == 1 || shared_by_activation,
+            types.len() == 1 || shared_by_activation || shared_by_retraining,
             "run {run} is shared by {types:?}"
         );
     }
     assert_eq!(
         runs.len(),
-        day.events().len() - 5,
-        "one run for the five events of one activation, one for the two of the other"
+        day.events().len() - 6,
+        "one run for the five events of one activation, one for the two of the other, \
+         one for a retraining's start and finish"
     );
+}
+
+#[test]
+fn a_retraining_is_one_run_under_the_request_that_asked_for_it() {
+    let day = Day::new();
+    let request = day.first("RetrainRequested");
+    let asked = ("rollout.analysis".to_owned(), run_id_of(request));
+    let started = day.first("RetrainStarted");
+    let finished = day.first("RetrainFinished");
+    assert_eq!(
+        run_id_of(started),
+        run_id_of(finished),
+        "one run, started and finished"
+    );
+    assert_eq!(
+        run_id_of(started),
+        run_id("model.retrain", &request.event_id.to_string()).to_string()
+    );
+    assert_eq!(parent_of(started).as_ref(), Some(&asked));
+    assert_eq!(parent_of(finished).as_ref(), Some(&asked));
+    let delivered = day.first("HandoffDelivered");
+    assert_eq!(parent_of(delivered).as_ref(), Some(&asked));
+    assert_ne!(run_id_of(delivered), run_id_of(started));
 }
 
 #[test]

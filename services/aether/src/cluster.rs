@@ -36,6 +36,8 @@ const DELTA_LOCATION_SETTING: &str = "delta_location";
 pub const OPENLINEAGE_LEASE: &str = "lineage-openlineage";
 pub const DELTA_LEASE: &str = "lineage-delta";
 pub const OPENLINEAGE_HTTP_LEASE: &str = "lineage-http";
+/// The drift hand-offs (webhook, retraining command): one node delivers each.
+pub const HANDOFF_LEASE: &str = "handoffs";
 
 /// How often a node beats.
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);

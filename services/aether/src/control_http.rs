@@ -31,6 +31,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(start_rollout, list_rollouts))
         .routes(routes!(rollout))
         .routes(routes!(rollout_analysis))
+        .routes(routes!(close_review))
         .routes(routes!(rollout_command))
         .routes(routes!(control_state))
 }
@@ -284,6 +285,111 @@ async fn rollout_analysis(
         "significance": significance,
     }))
     .into_response())
+}
+
+#[utoipa::path(post, path = "/v1/rollouts/{id}/reviews/{ticket}/close", tag = "rollouts",
+    description = "Closes the drift review an L3 freeze opened (`ReviewTicketClosed` on the rollout's stream, body `{resolution}`): the rollout controller releases the freeze and the candidate starts again from its first step. Role: operator.",
+    params(("id" = String, Path, description = "Rollout id"),
+           ("ticket" = String, Path, description = "The open review's ticket, as `ReviewTicketOpened` names it")),
+    request_body(content = serde_json::Value, description = "`{resolution}`: what the reviewers decided, 1 to 2,000 characters"),
+    responses(
+        (status = 200, description = "`{rollout, event}`", body = serde_json::Value),
+        (status = 404, description = "No such rollout"),
+        (status = 409, description = "No review is open, the ticket is not the open one, or it is closed already"),
+        (status = 422, description = "No resolution")))]
+async fn close_review(
+    State(state): State<AppState>,
+    Operator(origin): Operator,
+    Path((id, ticket)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<Response, Problem> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Close {
+        resolution: String,
+    }
+    let close: Close = json_body(&body, "review close {resolution}")?;
+    if close.resolution.trim().is_empty() || close.resolution.chars().count() > 2000 {
+        return Err(Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid resolution",
+            "resolution must say what was decided, 1 to 2,000 characters",
+        ));
+    }
+    if state.control.rollouts.get(&id).is_none() {
+        return Err(Problem::new(
+            StatusCode::NOT_FOUND,
+            "Not found",
+            format!("no rollout {id:?}"),
+        ));
+    }
+    let conflict =
+        |detail: String| Problem::new(StatusCode::CONFLICT, "No such open review", detail);
+    let analysis = aether_control::rollout_controller::stream(&id);
+    let opened = newest_of_type(
+        &state,
+        &analysis,
+        aether_control::rollout_controller::REVIEW_OPENED,
+    )
+    .await?
+    .ok_or_else(|| conflict(format!("rollout {id} has no review open")))?;
+    let open_ticket = serde_json::from_str::<serde_json::Value>(opened.payload.get())
+        .ok()
+        .and_then(|p| p["ticket"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    if open_ticket != ticket {
+        return Err(conflict(format!(
+            "the newest review of rollout {id} is {open_ticket:?}, not {ticket:?}"
+        )));
+    }
+    let rollout_stream = format!("rollout/{id}");
+    if let Some(closed) = newest_of_type(
+        &state,
+        &rollout_stream,
+        aether_control::rollouts::REVIEW_CLOSED,
+    )
+    .await?
+        && serde_json::from_str::<serde_json::Value>(closed.payload.get())
+            .is_ok_and(|p| p["ticket"] == ticket.as_str())
+    {
+        return Err(conflict(format!("review {ticket} is closed already")));
+    }
+    let (rollout, event) = state
+        .control
+        .rollouts
+        .close_review(&id, &ticket, close.resolution.trim(), &origin)
+        .await
+        .map_err(rollout_problem)?;
+    Ok(axum::Json(json!({ "rollout": rollout, "event": event })).into_response())
+}
+
+/// The newest event of `event_type` on `stream`, reading back at most
+/// [`ANALYSIS_PAGES`] pages.
+async fn newest_of_type(
+    state: &AppState,
+    stream: &str,
+    event_type: &str,
+) -> Result<Option<aether_ledger::RecordedEvent>, Problem> {
+    let mut before = u64::MAX;
+    for _ in 0..ANALYSIS_PAGES {
+        let page = state
+            .store
+            .read_stream(
+                stream,
+                before,
+                aether_ledger::Direction::Backward,
+                ANALYSIS_PAGE,
+            )
+            .await?;
+        if let Some(found) = page.iter().find(|e| e.event_type == event_type) {
+            return Ok(Some(found.clone()));
+        }
+        match page.last() {
+            Some(last) if last.stream_version > 1 => before = last.stream_version - 1,
+            _ => return Ok(None),
+        }
+    }
+    Ok(None)
 }
 
 /// A `RolloutChecked` without the analyzer's internals (its state's samples).

@@ -15,6 +15,7 @@ mod cluster;
 mod control_http;
 mod corpus_http;
 mod demo;
+mod handoffs;
 mod http;
 mod http_server;
 mod lineage_api;

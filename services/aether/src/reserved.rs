@@ -30,6 +30,10 @@ pub const RESERVED_STREAMS: &[(&str, &str)] = &[
     ("snapshot", "the snapshot coordinator"),
     ("lineage", "the lineage relays"),
     ("cluster", "the cluster's duties"),
+    (
+        "handoff",
+        "the drift hand-offs (webhook deliveries, retraining runs)",
+    ),
 ];
 
 /// Event types only Aether's components write, on any stream.
@@ -76,6 +80,16 @@ pub const RESERVED_EVENT_TYPES: &[&str] = &[
     rollout_controller::PROMOTION_DECIDED,
     rollout_controller::REFERENCE_FIXED,
     rollout_controller::STEP_SNAPSHOT,
+    rollout_controller::PROMOTION_WITHHELD,
+    rollout_controller::DRIFT_ESCALATED,
+    rollout_controller::REVIEW_OVERDUE,
+    rollout_controller::FEATURE_HEALTH,
+    rollouts::REVIEW_CLOSED,
+    crate::handoffs::DELIVERED,
+    crate::handoffs::DELIVERY_FAILED,
+    crate::handoffs::RETRAIN_STARTED,
+    crate::handoffs::RETRAIN_FINISHED,
+    crate::handoffs::RETRAIN_FAILED,
     "WorkerRegistered",
     "WorkerDrained",
 ];

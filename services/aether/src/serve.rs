@@ -8,7 +8,7 @@ use std::time::Duration;
 use aether_ledger::checkpoint::CheckpointSigner;
 use aether_ledger::checkpointer::{CHECKPOINTER_LEASE, run_checkpointer_rotating};
 use aether_ledger::{CheckpointPolicy, EventStore, MerkleLog, StoreConfig};
-use anyhow::Context;
+use anyhow::{Context, bail};
 use clap::Args;
 use metrics_exporter_prometheus::PrometheusBuilder;
 
@@ -62,6 +62,26 @@ pub struct ServeArgs {
     /// replayed past the proof's tree size, else from the primary.
     #[arg(long, env = "AETHER_READ_DATABASE_URL", hide_env_values = true)]
     pub read_database_url: Option<String>,
+    /// The operators' incoming webhook: drift review tickets (opened, overdue) and drift
+    /// escalations are POSTed there, `{text, aether}` (Slack, Mattermost, Rocket.Chat and
+    /// Teams show `text`), signed `X-Aether-Signature: hmac-sm3=<hex>` over the body and
+    /// retried with doubling waits; each outcome is a `HandoffDelivered` or
+    /// `HandoffFailed` event. Needs `--review-webhook-secret-file`.
+    #[arg(long, env = "AETHER_REVIEW_WEBHOOK")]
+    pub review_webhook: Option<String>,
+    /// The HMAC-SM3 key of the webhook's signatures (the file's content, at least 16 bytes).
+    #[arg(long, env = "AETHER_REVIEW_WEBHOOK_SECRET_FILE")]
+    pub review_webhook_secret_file: Option<std::path::PathBuf>,
+    /// Run for each `RetrainRequested` (through `sh -c`), with the request in the
+    /// environment: `AETHER_RETRAIN_REQUEST` (event id), `_ROLLOUT`, `_CANDIDATE`, `_FROM`,
+    /// `_TO` (the data range, RFC 3339) and `_FEATURES` (comma-separated); recorded as
+    /// `RetrainStarted` and `RetrainFinished` or `RetrainFailed` (the OpenLineage job
+    /// `model.retrain`, a child of the request's run). It should start the pipeline and
+    /// return: it is killed after `--retrain-timeout-secs`.
+    #[arg(long, env = "AETHER_RETRAIN_COMMAND")]
+    pub retrain_command: Option<String>,
+    #[arg(long, env = "AETHER_RETRAIN_TIMEOUT_SECS", default_value_t = 600)]
+    pub retrain_timeout_secs: u64,
     /// How much lower in CPU priority the lineage relays and the Merkle log follower run
     /// than the answers (added to their threads' nice value, as `nice -n`; 0 = the same).
     /// On a busy machine they yield the cores to the decisions being answered and catch
@@ -158,6 +178,29 @@ async fn refuse_a_ledger_behind_its_witnesses(
     Ok(())
 }
 
+/// The drift hand-offs as configured; a webhook without its secret is refused.
+fn handoff_config(args: &ServeArgs) -> anyhow::Result<crate::handoffs::HandoffConfig> {
+    let webhook = match (&args.review_webhook, &args.review_webhook_secret_file) {
+        (Some(url), Some(secret)) => Some(crate::handoffs::Webhook::new(url, secret)?),
+        (Some(_), None) => bail!(
+            "--review-webhook needs --review-webhook-secret-file: deliveries are signed (HMAC-SM3)"
+        ),
+        (None, Some(_)) => bail!("--review-webhook-secret-file without --review-webhook"),
+        (None, None) => None,
+    };
+    if args.retrain_timeout_secs == 0 {
+        bail!("--retrain-timeout-secs must be at least 1");
+    }
+    Ok(crate::handoffs::HandoffConfig {
+        webhook,
+        retrain_command: args
+            .retrain_command
+            .clone()
+            .filter(|c| !c.trim().is_empty()),
+        retrain_timeout: std::time::Duration::from_secs(args.retrain_timeout_secs),
+    })
+}
+
 /// Connections of the background runtime's pool: one each for the two relays, the
 /// HTTP transport and the Merkle log follower.
 const BACKGROUND_CONNECTIONS: u32 = 4;
@@ -167,6 +210,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let shutdown = shutdown_signal();
     crate::init_logging();
     crate::clearing::check_worker_device(&args.clearing)?;
+    let handoffs = handoff_config(&args)?;
     keep_files_private();
     std::fs::create_dir_all(&args.ledger.data_dir).with_context(|| {
         format!(
@@ -453,6 +497,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         relay_leases.push((held.clone(), task));
         held
     };
+    let handoff_lease = (!handoffs.is_empty()).then(|| relay_lease(crate::cluster::HANDOFF_LEASE));
     let openlineage_lease = relay_lease(crate::cluster::OPENLINEAGE_LEASE);
     let delta_lease = relay_lease(crate::cluster::DELTA_LEASE);
     let http_lease = http_lineage
@@ -485,6 +530,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             move |stop| {
                 aether_lineage::http_transport::run_http_relay(store.clone(), config.clone(), stop)
             },
+        ))
+    });
+    let handoff_task = handoff_lease.map(|lease| {
+        let store = background_store.clone();
+        background.handle().spawn(crate::cluster::while_held(
+            "drift hand-offs",
+            lease,
+            relay_stop_rx.clone(),
+            move |stop| crate::handoffs::run(store.clone(), handoffs.clone(), stop),
         ))
     });
     // Delta Lake: every event as a row of the `events` table, many events per commit.
@@ -575,6 +629,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let _ = relay_stop_tx.send(true);
     let mut relays = vec![("openlineage", relay), ("delta", delta_relay)];
     relays.extend(http_relay.map(|task| ("openlineage-http", task)));
+    if let Some(task) = handoff_task {
+        match task.await {
+            Ok(Err(e)) => tracing::error!(error = %e, "the drift hand-offs failed"),
+            Err(e) => tracing::error!(error = %e, "the drift hand-offs task failed"),
+            Ok(Ok(())) => {}
+        }
+    }
     for (sink, task) in relays {
         match task.await {
             Ok(Err(e)) => tracing::error!(sink, error = %e, "lineage relay failed"),

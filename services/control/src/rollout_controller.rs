@@ -43,6 +43,8 @@ pub const ROLLBACK_DECIDED: &str = "SemanticRollbackDecided";
 pub const PROMOTION_DECIDED: &str = "PromotionDecided";
 pub const PROMOTION_WITHHELD: &str = "PromotionWithheld";
 pub const DRIFT_ESCALATED: &str = "DriftEscalated";
+pub const REVIEW_OVERDUE: &str = "ReviewTicketOverdue";
+pub const FEATURE_HEALTH: &str = "FeatureHealthSnapshot";
 /// The reference window drift is measured against, fixed once per rollout.
 pub const REFERENCE_FIXED: &str = "DriftReferenceFixed";
 /// A snapshot the controller took after a step, the target of a later rollback.
@@ -381,6 +383,8 @@ impl RolloutController {
             }
             _ => {}
         }
+        // An operator closed the drift review: the freeze is released.
+        self.analyzer.close_reviews(rollout.reviews_closed);
         let had_reference = self.analyzer.state().reference.is_some();
         let outcomes = self.analyzer.check(Check {
             window,
@@ -404,8 +408,9 @@ impl RolloutController {
                 matches!(o, AnalysisOutcome::WeightChange(w) if w.reason == WeightReason::Increase)
             })
             .count() as u64;
+        let sla_ms = self.analyzer.settings().review.sla_ms;
         for outcome in &outcomes {
-            events.extend(outcome_events(&rollout, outcome));
+            events.extend(outcome_events(&rollout, window, sla_ms, outcome));
         }
         let mut state = self.analyzer.state().clone();
         state.reference = None; // recorded once, in DriftReferenceFixed
@@ -650,8 +655,17 @@ fn weight_reason(reason: WeightReason) -> &'static str {
 }
 
 /// The events that record one outcome.
-fn outcome_events(rollout: &RolloutState, outcome: &AnalysisOutcome) -> Vec<NewEvent> {
-    let body = serde_json::to_value(outcome).unwrap_or_default();
+fn outcome_events(
+    rollout: &RolloutState,
+    window: &WindowSamples,
+    sla_ms: u64,
+    outcome: &AnalysisOutcome,
+) -> Vec<NewEvent> {
+    let mut body = serde_json::to_value(outcome).unwrap_or_default();
+    if let AnalysisOutcome::ReviewOverdue { opened_at, .. } = outcome {
+        body["ticket"] = json!(ticket_name(&rollout.id, *opened_at));
+        body["candidate"] = json!(rollout.candidate);
+    }
     let kind = match outcome {
         AnalysisOutcome::Inconclusive { .. } => INCONCLUSIVE,
         AnalysisOutcome::Paused { .. } => PAUSE_DECIDED,
@@ -663,30 +677,62 @@ fn outcome_events(rollout: &RolloutState, outcome: &AnalysisOutcome) -> Vec<NewE
         AnalysisOutcome::Promote { .. } => PROMOTION_DECIDED,
         AnalysisOutcome::PromotionWithheld { .. } => PROMOTION_WITHHELD,
         AnalysisOutcome::DriftEscalated(_) => DRIFT_ESCALATED,
+        AnalysisOutcome::ReviewOverdue { .. } => REVIEW_OVERDUE,
+        AnalysisOutcome::FeatureHealth { .. } => FEATURE_HEALTH,
     };
     let mut events = vec![NewEvent::new(kind, body)];
     if let AnalysisOutcome::Drift(d) = outcome {
+        // The features whose KS test was significant, and the composite's drifted series.
+        let mut drifted: Vec<String> = d
+            .report
+            .features
+            .iter()
+            .filter(|(_, f)| f.significant)
+            .map(|(name, _)| name.clone())
+            .collect();
+        if let Some(c) = &d.report.composite {
+            for (series, s) in &c.series {
+                if let Some(name) = series.strip_prefix("feature:")
+                    && s.composite > 0.5
+                    && !drifted.iter().any(|n| n == name)
+                {
+                    drifted.push(name.to_owned());
+                }
+            }
+        }
         let request = json!({
             "candidate": rollout.candidate,
             "baseline": rollout.baseline,
             "tier": d.tier,
             "drift_score": d.report.score,
+            "composite_score": d.report.composite.as_ref().map(|c| c.score),
             "at": d.at,
+            "window": {"start": window.start, "end": window.end},
+            "features": drifted,
+            // What to retrain on: everything the candidate has seen in this rollout.
+            "data_range": {"from": rollout.started_at, "to": window.end},
         });
         match d.response {
             DriftResponse::PauseAndRequestRetrain => {
                 events.push(NewEvent::new(RETRAIN_REQUESTED, request));
             }
             DriftResponse::FreezeAndOpenReview => {
-                let ticket = format!("review-{}-{}", rollout.id, d.at.timestamp_millis());
+                let ticket = ticket_name(&rollout.id, d.at);
                 let mut body = request;
                 body["ticket"] = json!(ticket);
+                body["sla_ms"] = json!(sla_ms);
+                body["deadline"] = json!(d.at + TimeDelta::milliseconds(sla_ms as i64));
                 events.push(NewEvent::new(REVIEW_OPENED, body));
             }
             DriftResponse::Record => {}
         }
     }
     events
+}
+
+/// A review ticket's name: the rollout and the time its freeze was decided.
+pub fn ticket_name(rollout_id: &str, opened_at: DateTime<Utc>) -> String {
+    format!("review-{rollout_id}-{}", opened_at.timestamp_millis())
 }
 
 /// Keeps at most [`REFERENCE_POINTS`] evenly spaced order statistics of each series: the

@@ -32,6 +32,8 @@ pub const ABORTED: &str = "RolloutAborted";
 pub const WEIGHT_SET: &str = "RolloutWeightSet";
 /// The rollout controller turned the candidate's fallback path on or off.
 pub const FALLBACK_SET: &str = "RolloutFallbackSet";
+/// An operator closed the drift review of a frozen candidate (its freeze is released).
+pub const REVIEW_CLOSED: &str = "ReviewTicketClosed";
 
 /// Default traffic steps for the candidate, in percent.
 pub const DEFAULT_STEPS: [u32; 7] = [1, 2, 5, 10, 25, 50, 100];
@@ -97,6 +99,9 @@ pub struct RolloutState {
     /// A request the candidate fails is decided by the baseline instead (the controller
     /// is degraded or fused).
     pub fallback: bool,
+    /// Drift reviews an operator closed (`ReviewTicketClosed`); the controller releases
+    /// a freeze when this passes the count it has applied.
+    pub reviews_closed: u64,
 }
 
 /// A command on a running rollout.
@@ -343,6 +348,7 @@ impl RolloutRegistry {
                         automated: r.automated,
                         resume_at: None,
                         fallback: false,
+                        reviews_closed: 0,
                     },
                 );
             }
@@ -361,6 +367,7 @@ impl RolloutRegistry {
                 state.step_index = state.steps.iter().rposition(|&s| s <= to);
             }
             FALLBACK_SET => state.fallback = p["on"].as_bool().unwrap_or(false),
+            REVIEW_CLOSED => state.reviews_closed += 1,
             PAUSED => {
                 state.phase = RolloutPhase::Paused;
                 state.resume_at = serde_json::from_value(p["resume_at"].clone()).ok();
@@ -650,6 +657,36 @@ impl RolloutRegistry {
         let payload = json!({"on": on, "rollout_event_id": state.started_event_id});
         self.append_caused(&state, FALLBACK_SET, payload, cause, origin)
             .await
+    }
+
+    /// The operator closes the drift review `ticket` (`ReviewTicketClosed`); the rollout
+    /// controller then releases the freeze and the candidate starts again from its first
+    /// step. The caller checks that the ticket is the rollout's open one.
+    pub async fn close_review(
+        &self,
+        id: &str,
+        ticket: &str,
+        resolution: &str,
+        origin: &Origin,
+    ) -> Result<(RolloutState, Committed), RolloutError> {
+        let state = self
+            .get(id)
+            .ok_or_else(|| RolloutError::NotFound(id.to_owned()))?;
+        let payload = json!({
+            "ticket": ticket,
+            "resolution": resolution,
+            "rollout_event_id": state.started_event_id,
+        });
+        let event = NewEvent::new(REVIEW_CLOSED, payload).with_metadata(origin.metadata(json!({
+            "correlation_id": state.started_event_id,
+        })));
+        let committed = self
+            .append(id, ExpectedVersion::Exact(state.version), event)
+            .await?;
+        let state = self
+            .get(id)
+            .ok_or_else(|| RolloutError::NotFound(id.to_owned()))?;
+        Ok((state, committed))
     }
 
     /// One controller event on a rollout at its current version, naming its cause.

@@ -623,6 +623,62 @@ fn drift_l3_freezes_the_candidate_at_zero_and_opens_a_review() {
     );
 }
 
+/// The review an L3 freeze opens has the SLA's deadline; past it, unanswered, it is
+/// escalated once; the operator's close (the rollout's count of closes) releases it.
+#[test]
+fn a_review_past_its_deadline_is_escalated_once_and_a_close_releases_the_freeze() {
+    let mut settings = AnalysisSettings::default();
+    settings.review.sla_ms = 90_000; // a window and a half
+    let mut a = Analyzer::new(settings, vec![1, 2, 5, 10, 25, 50, 100], 25).expect("valid");
+    let first = run(&mut a, 0, HEALTHY);
+    // L1 windows archive the candidate's feature health.
+    let health = first
+        .iter()
+        .find_map(|o| match o {
+            AnalysisOutcome::FeatureHealth {
+                scores, features, ..
+            } => Some((scores, features)),
+            _ => None,
+        })
+        .expect("an L1 window archives feature health");
+    assert_eq!(health.0.n, 100);
+    assert_eq!(health.1["amount"].min, 0.0);
+    assert_eq!(health.1["amount"].max, 99.0);
+    assert_eq!(health.1["amount"].p50, 49.0);
+    run(
+        &mut a,
+        1,
+        Spec {
+            score_shift: 0.32,
+            ..HEALTHY
+        },
+    );
+    let review = a.state().open_review.clone().expect("a review is open");
+    assert_eq!(review.opened_at, t(2 * MINUTE_MS));
+    assert_eq!(review.deadline, t(2 * MINUTE_MS + 90_000));
+    let overdue = |out: &[AnalysisOutcome]| {
+        out.iter()
+            .filter(|o| matches!(o, AnalysisOutcome::ReviewOverdue { .. }))
+            .count()
+    };
+    assert_eq!(
+        overdue(&run(&mut a, 2, HEALTHY)),
+        0,
+        "60 s after: within the SLA"
+    );
+    assert_eq!(overdue(&run(&mut a, 3, HEALTHY)), 1, "120 s after: overdue");
+    assert_eq!(overdue(&run(&mut a, 4, HEALTHY)), 0, "escalated once");
+    assert_eq!(a.state().gate, Gate::Frozen);
+    assert!(!a.close_reviews(0), "no close recorded yet");
+    assert!(a.close_reviews(1));
+    assert!(!a.close_reviews(1), "the same close again changes nothing");
+    assert_eq!(a.state().open_review, None);
+    assert_eq!(
+        weights(&run(&mut a, 5, HEALTHY)),
+        [(0, 1, WeightReason::Increase)]
+    );
+}
+
 #[test]
 fn feature_drift_counts_when_significant() {
     let mut w = window(0, HEALTHY);
@@ -980,6 +1036,8 @@ fn worked_example_of_analysis_md() {
             AnalysisOutcome::Promote { .. } => "promote",
             AnalysisOutcome::PromotionWithheld { .. } => "promotion_withheld",
             AnalysisOutcome::DriftEscalated(_) => "drift_escalated",
+            AnalysisOutcome::ReviewOverdue { .. } => "review_overdue",
+            AnalysisOutcome::FeatureHealth { .. } => "feature_health",
         })
         .collect();
     assert_eq!(kinds, ["assessed", "drift", "paused", "transition"]);

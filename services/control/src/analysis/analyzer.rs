@@ -20,6 +20,13 @@ use super::rollback::{
 use super::settings::{AnalysisSettings, DriftMethod, DriftSettings, SettingsError};
 use super::significance::{GoldenMetric, PairedWindow, Significance, compare};
 
+/// Whether this check's drift outcome (the last pushed) is tier L1.
+fn drift_tier_is_l1(out: &[AnalysisOutcome]) -> bool {
+    out.iter()
+        .rev()
+        .any(|o| matches!(o, AnalysisOutcome::Drift(d) if d.tier == DriftTier::L1))
+}
+
 /// Scores kept per window for the composite's long window.
 const RECENT_POINTS: usize = 100;
 
@@ -148,6 +155,18 @@ pub enum AnalysisOutcome {
         at: DateTime<Utc>,
         worse: Vec<GoldenMetric>,
     },
+    /// A review opened by an L3 freeze is past its deadline, unanswered (once).
+    ReviewOverdue {
+        at: DateTime<Utc>,
+        opened_at: DateTime<Utc>,
+        deadline: DateTime<Utc>,
+    },
+    /// The L1 archive: per-feature summary statistics of the candidate in this window.
+    FeatureHealth {
+        at: DateTime<Utc>,
+        scores: Summary,
+        features: std::collections::BTreeMap<String, Summary>,
+    },
     /// Healthy at the last step: promote the candidate to 100 %.
     Promote {
         at: DateTime<Utc>,
@@ -177,6 +196,68 @@ pub struct AnalyzerState {
     /// The last composite score above `warn_above` not yet escalated: (window end, score).
     #[serde(default)]
     pub composite_warning: Option<(DateTime<Utc>, f64)>,
+    /// The review an L3 freeze opened, until an operator closes it.
+    #[serde(default)]
+    pub open_review: Option<OpenReview>,
+    /// `ReviewTicketClosed` events applied (the rollout's count).
+    #[serde(default)]
+    pub reviews_closed: u64,
+}
+
+/// An open drift review and its deadline.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OpenReview {
+    pub opened_at: DateTime<Utc>,
+    pub deadline: DateTime<Utc>,
+    /// `ReviewOverdue` was returned already.
+    pub overdue: bool,
+}
+
+/// Summary statistics of one series (nearest-rank percentiles).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub n: u64,
+    pub mean: f64,
+    pub std: f64,
+    pub min: f64,
+    pub p05: f64,
+    pub p50: f64,
+    pub p95: f64,
+    pub max: f64,
+}
+
+impl Summary {
+    /// Of the finite values; all zero when there are none.
+    pub fn of(values: &[f64]) -> Summary {
+        let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+        if v.is_empty() {
+            return Summary {
+                n: 0,
+                mean: 0.0,
+                std: 0.0,
+                min: 0.0,
+                p05: 0.0,
+                p50: 0.0,
+                p95: 0.0,
+                max: 0.0,
+            };
+        }
+        v.sort_by(f64::total_cmp);
+        let n = v.len() as f64;
+        let mean = v.iter().sum::<f64>() / n;
+        let var = v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / n;
+        let rank = |q: f64| v[((q * n).ceil() as usize).clamp(1, v.len()) - 1];
+        Summary {
+            n: v.len() as u64,
+            mean,
+            std: var.sqrt(),
+            min: v[0],
+            p05: rank(0.05),
+            p50: rank(0.5),
+            p95: rank(0.95),
+            max: v[v.len() - 1],
+        }
+    }
 }
 
 /// One check's input: a closed window, the rollout step it was observed under and the
@@ -225,6 +306,8 @@ impl Analyzer {
             paired: Vec::new(),
             recent_scores: Vec::new(),
             composite_warning: None,
+            open_review: None,
+            reviews_closed: 0,
         };
         Analyzer::from_state(settings, steps, state)
     }
@@ -298,6 +381,17 @@ impl Analyzer {
             self.state.gate = Gate::Open;
         }
         frozen
+    }
+
+    /// The operator closed reviews up to `closed` (the rollout's count): a newer close
+    /// releases the freeze and forgets the open review. Returns whether it changed.
+    pub fn close_reviews(&mut self, closed: u64) -> bool {
+        if closed <= self.state.reviews_closed {
+            return false;
+        }
+        self.state.reviews_closed = closed;
+        self.state.open_review = None;
+        self.release_freeze()
     }
 
     fn shortfalls(&self, m: &WindowMetrics) -> Vec<Shortfall> {
@@ -417,6 +511,18 @@ impl Analyzer {
         let at = window.end;
         let metrics = window.metrics(&self.settings.window);
         let mut out = Vec::new();
+        // An unanswered review past its deadline is escalated, conclusive window or not.
+        if let Some(review) = self.state.open_review.as_mut()
+            && !review.overdue
+            && at > review.deadline
+        {
+            review.overdue = true;
+            out.push(AnalysisOutcome::ReviewOverdue {
+                at,
+                opened_at: review.opened_at,
+                deadline: review.deadline,
+            });
+        }
 
         let missing = self.shortfalls(&metrics);
         if !missing.is_empty() {
@@ -492,9 +598,28 @@ impl Analyzer {
             }
             DriftResponse::FreezeAndOpenReview => {
                 self.state.gate = Gate::Frozen;
+                self.state.open_review = Some(OpenReview {
+                    opened_at: at,
+                    deadline: at
+                        + chrono::TimeDelta::milliseconds(self.settings.review.sla_ms as i64),
+                    overdue: false,
+                });
                 self.set_weight(0, WeightReason::DriftFreeze, at, &mut out);
             }
-            DriftResponse::Record => {}
+            DriftResponse::Record => {
+                if drift_tier_is_l1(&out) {
+                    out.push(AnalysisOutcome::FeatureHealth {
+                        at,
+                        scores: Summary::of(&window.candidate.scores),
+                        features: window
+                            .candidate
+                            .features
+                            .iter()
+                            .map(|(name, values)| (name.clone(), Summary::of(values)))
+                            .collect(),
+                    });
+                }
+            }
         }
 
         let transition = self.state.controller.observe(

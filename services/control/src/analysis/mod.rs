@@ -38,8 +38,8 @@ pub use rollback::{
 };
 pub use settings::{
     AnalysisSettings, CompositeSettings, CompositeWeights, DriftMethod, DriftSettings,
-    EvidenceSettings, RiskSettings, RollbackSettings, SettingsError, SignificanceSettings,
-    SlaSettings, WindowSettings,
+    EvidenceSettings, ReviewSettings, RiskSettings, RollbackSettings, SettingsError,
+    SignificanceSettings, SlaSettings, WindowSettings,
 };
 pub use significance::{
     CliffsDelta, GoldenMetric, GoldenMetrics, Magnitude, MetricComparison, PMethod, PairedWindow,

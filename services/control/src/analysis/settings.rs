@@ -18,6 +18,22 @@ pub struct AnalysisSettings {
     pub drift: DriftSettings,
     pub rollback: RollbackSettings,
     pub significance: SignificanceSettings,
+    pub review: ReviewSettings,
+}
+
+/// The human review an L3 drift opens.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReviewSettings {
+    /// How long the operators have to answer (the ticket's deadline); past it the ticket
+    /// is escalated as `ReviewTicketOverdue`. Default 2 h, the design's example SLA.
+    pub sla_ms: u64,
+}
+
+impl Default for ReviewSettings {
+    fn default() -> Self {
+        ReviewSettings { sla_ms: 7_200_000 }
+    }
 }
 
 /// How observations are cut into windows and how saturation is read from them.
@@ -400,6 +416,13 @@ impl AnalysisSettings {
         unit("rollback.max_drift", self.rollback.max_drift)?;
         if self.rollback.consecutive_windows == 0 {
             return Err(SettingsError::ZeroCount("rollback.consecutive_windows"));
+        }
+        if self.review.sla_ms < 1000 {
+            return Err(SettingsError::OutOfRange {
+                name: "review.sla_ms",
+                range: "≥ 1000",
+                value: self.review.sla_ms as f64,
+            });
         }
         let g = &self.significance;
         if !(g.alpha.is_finite() && g.alpha > 0.0 && g.alpha < 1.0) {
