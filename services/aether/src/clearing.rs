@@ -80,6 +80,10 @@ pub struct ClearingArgs {
     #[arg(long, env = "AETHER_EXPLAIN_CLEARED_PERCENT", default_value_t = 0,
           value_parser = clap::value_parser!(u32).range(0..=100))]
     pub explain_cleared_percent: u32,
+    /// Explain no decision (held and rejected ones then say that explanations are off):
+    /// for measuring what explanations cost.
+    #[arg(long, env = "AETHER_NO_EXPLANATIONS")]
+    pub no_explanations: bool,
     /// JSON file with the rules' risk settings: `{reporting_threshold_minor,
     /// high_risk_jurisdictions, limits}`.
     #[arg(long, env = "AETHER_RISK_SETTINGS")]
@@ -159,6 +163,7 @@ pub async fn start(
         risk,
         observations,
         explain_cleared_percent: args.explain_cleared_percent,
+        explanations: !args.no_explanations,
         ..GatewayConfig::default()
     };
     config.batcher.max_batch = args.batch_max.max(1);

@@ -154,6 +154,9 @@ pub struct GatewayConfig {
     /// Percent (0–100) of the trades neither rules nor score hold that are explained
     /// too (a stable sample by request id); held and rejected ones always are.
     pub explain_cleared_percent: u32,
+    /// Off: no decision is explained; a held or rejected one says so (for measuring what
+    /// explanations cost, and for models without a training book).
+    pub explanations: bool,
 }
 
 impl Default for GatewayConfig {
@@ -167,6 +170,7 @@ impl Default for GatewayConfig {
             observations: None,
             shadow: ShadowSettings::default(),
             explain_cleared_percent: 0,
+            explanations: true,
         }
     }
 }
@@ -461,8 +465,9 @@ impl ClearingGateway {
             hour_utc: u8::try_from(now.hour()).unwrap_or(0),
             velocity,
         };
-        let explain = matches!(evaluation.decision, Action::Hold | Action::Deny)
-            || explain_sampled(&s.request_id, self.inner.config.explain_cleared_percent);
+        let explain = self.inner.config.explanations
+            && (matches!(evaluation.decision, Action::Hold | Action::Deny)
+                || explain_sampled(&s.request_id, self.inner.config.explain_cleared_percent));
         let (model, scored, fallback) = match self
             .score(
                 &route.model_ref,
@@ -508,6 +513,10 @@ impl ClearingGateway {
             (Some(Ok(e)), _) => Some(json!(e)),
             (Some(Err(reason)), _) => Some(json!({"status": "unavailable", "reason": reason})),
             (None, Decision::Cleared) => None,
+            (None, _) if !self.inner.config.explanations => Some(json!({
+                "status": "unavailable",
+                "reason": "explanations are off on this node (--no-explanations)",
+            })),
             (None, _) => Some(json!({
                 "status": "unavailable",
                 "reason": "the worker returned no explanation",
@@ -697,7 +706,11 @@ impl ClearingGateway {
                 reply,
                 observed,
                 explain,
-                explain_at_or_above: Some(self.inner.config.hold_score as f32),
+                explain_at_or_above: self
+                    .inner
+                    .config
+                    .explanations
+                    .then_some(self.inner.config.hold_score as f32),
             })
             .map_err(|e| ClearError::Overloaded(e.to_string()))?;
         let scored = scored
