@@ -33,6 +33,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(|(r, _)| *r)
         .take(500)
         .collect();
+    // The forward pass alone, both ways, over the held rows (raw values: the pass's cost
+    // does not depend on them).
+    let weights = model.model().weights();
+    let fast = aether_gpu_worker::explain::ByInput::new(weights);
+    let mut scratch = aether_gpu_worker::explain::Scratch::default();
+    let passes = 200_000;
+    let (mut a, mut b) = (0f32, 0f32);
+    let started = Instant::now();
+    for k in 0..passes {
+        a += fast.forward(&held[k % held.len()], &mut scratch);
+    }
+    let by_input = started.elapsed();
+    let started = Instant::now();
+    for k in 0..passes {
+        b += weights.forward(&held[k % held.len()]);
+    }
+    let reference_pass = started.elapsed();
+    println!(
+        "forward pass ns: input by input {:.0}, reference {:.0} (sums {a} {b})",
+        by_input.as_nanos() as f64 / passes as f64,
+        reference_pass.as_nanos() as f64 / passes as f64
+    );
     // Warm the background (drawn once per model) outside the timings.
     model.explain("warm-up", &held[0])?;
     let mut micros = Vec::new();

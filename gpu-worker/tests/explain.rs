@@ -228,3 +228,55 @@ fn a_batch_explains_the_marked_trades_and_those_at_the_threshold_only() {
     let plain = model.score_and_net(&batch).expect("scores");
     assert!(plain.explanations.iter().all(Option::is_none));
 }
+
+proptest::proptest! {
+    /// The input-by-input forward pass the explanations run on is the reference forward
+    /// pass bit for bit (the recorded explanations depend on it).
+    #[test]
+    fn the_fast_forward_pass_is_the_reference_bit_for_bit(
+        row in proptest::collection::vec(-20.0f32..20.0, 17),
+    ) {
+        let model = reference();
+        let weights = model.model().weights();
+        let fast = aether_gpu_worker::explain::ByInput::new(weights);
+        let mut scratch = aether_gpu_worker::explain::Scratch::default();
+        proptest::prop_assert_eq!(
+            fast.forward(&row, &mut scratch).to_bits(),
+            weights.forward(&row).to_bits()
+        );
+    }
+}
+
+#[test]
+fn the_coalition_walk_gives_every_coalitions_forward_pass_bit_for_bit() {
+    let model = reference();
+    let weights = model.model().weights();
+    let spec = model.model().spec();
+    let fast = aether_gpu_worker::explain::ByInput::new(weights);
+    let mut scratch = aether_gpu_worker::explain::Scratch::default();
+    let standardise = |raw: &[f32; FEATURE_COUNT]| -> [f32; FEATURE_COUNT] {
+        let n = &spec.normalisation;
+        std::array::from_fn(|i| (raw[i] - n.mean[i]) / n.std[i])
+    };
+    let (trade, ctx) = structuring();
+    let x = standardise(&features(&trade, &ctx));
+    let (trade, ctx) = ordinary();
+    let b = standardise(&features(&trade, &ctx));
+    let mut values = [0f64; 256];
+    fast.coalition_values(&x, &b, &mut values, &mut scratch);
+    for (mask, value) in values.iter().enumerate() {
+        let mut row = b;
+        for (g, (_, slots)) in GROUPS.iter().enumerate() {
+            if mask >> g & 1 == 1 {
+                for &i in slots.iter() {
+                    row[i] = x[i];
+                }
+            }
+        }
+        assert_eq!(
+            value.to_bits(),
+            f64::from(weights.forward(&row)).to_bits(),
+            "mask {mask}"
+        );
+    }
+}
