@@ -328,6 +328,20 @@ async fn drift_l2_pauses_the_rollout_and_requests_a_retrain() {
     let p = retrain[0].payload_value().unwrap();
     assert_eq!(p["candidate"], CANDIDATE);
     assert_eq!(p["tier"], "l2");
+    // What a retraining needs: the window, the data range (the rollout so far), and the
+    // features that moved (none here: only the scores were shifted).
+    assert!(
+        p["window"]["start"].is_string() && p["window"]["end"].is_string(),
+        "{p}"
+    );
+    assert_eq!(p["data_range"]["to"], p["window"]["end"]);
+    assert!(p["data_range"]["from"].is_string(), "{p}");
+    assert!(p["features"].is_array(), "{p}");
+    // The healthy first window archived the candidate's feature health (L1).
+    let health = of_type(&analysis, "FeatureHealthSnapshot");
+    assert_eq!(health.len(), 1, "only the L1 window");
+    let health = health[0].payload_value().unwrap();
+    assert!(health["scores"]["n"].as_u64() > Some(0), "{health}");
     assert_eq!(h.rollout().phase, RolloutPhase::Paused);
     assert_eq!(
         h.weights().await,
