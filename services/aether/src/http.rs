@@ -165,8 +165,35 @@ async fn colour(mut request: axum::extract::Request, next: axum::middleware::Nex
         Err(e) => return Problem::bad_request(e.to_string()).into_response(),
     };
     let trace_id = HeaderValue::from_str(&origin.trace_id).ok();
+    // The call's span (off unless traces are exported): a child of the caller's
+    // `traceparent`, validated just above.
+    let span = tracing::debug_span!(
+        target: "aether",
+        "http.request",
+        otel.name = %format!("{} {}", request.method(), request.uri().path()),
+        otel.kind = "server",
+        otel.status_code = tracing::field::Empty,
+        http.request.method = %request.method(),
+        url.path = %request.uri().path(),
+        http.response.status_code = tracing::field::Empty,
+        aether.trace_id = %origin.trace_id,
+    );
+    if let Some(traceparent) = request
+        .headers()
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+    {
+        aether_gateway::telemetry::follow(&span, traceparent);
+    }
     request.extensions_mut().insert(origin);
-    let mut response = next.run(request).await;
+    let mut response = {
+        use tracing::Instrument as _;
+        next.run(request).instrument(span.clone()).await
+    };
+    span.record("http.response.status_code", response.status().as_u16());
+    if response.status().is_server_error() {
+        span.record("otel.status_code", "ERROR");
+    }
     if let Some(id) = trace_id {
         response.headers_mut().insert("x-trace-id", id);
     }

@@ -25,6 +25,7 @@ mod reserved;
 mod rollout_supervisor;
 mod serve;
 mod snapshot_http;
+mod telemetry;
 mod worker;
 
 use std::path::PathBuf;
@@ -342,20 +343,25 @@ fn log_filter(spec: Option<&str>) -> (tracing_subscriber::EnvFilter, Option<Stri
 }
 
 /// Sets up logging: text to stderr, JSON when `AETHER_LOG_FORMAT=json`.
-pub fn init_logging() {
+/// Logs to stderr (text, or JSON with `AETHER_LOG_FORMAT=json`) filtered by `AETHER_LOG`,
+/// and OpenTelemetry traces when the `OTEL_*` variables name an exporter (`telemetry.rs`).
+/// Call inside the tokio runtime; keep the returned handle to flush the spans at exit.
+pub fn init_logging() -> anyhow::Result<telemetry::Telemetry> {
+    use tracing_subscriber::prelude::*;
     let spec = std::env::var("AETHER_LOG").ok();
     let (filter, invalid) = log_filter(spec.as_deref());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if std::env::var("AETHER_LOG_FORMAT").is_ok_and(|f| f == "json") {
-        builder.json().init();
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = if std::env::var("AETHER_LOG_FORMAT").is_ok_and(|f| f == "json") {
+        fmt.json().with_filter(filter).boxed()
     } else {
-        builder.init();
-    }
+        fmt.with_filter(filter).boxed()
+    };
+    let (otel, telemetry) = telemetry::layer().map_err(|e| anyhow::anyhow!(e))?;
+    tracing_subscriber::registry().with(fmt).with(otel).init();
     if let Some(warning) = invalid {
         tracing::warn!("{warning}");
     }
+    Ok(telemetry)
 }
 
 async fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {

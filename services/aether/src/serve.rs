@@ -208,7 +208,8 @@ const BACKGROUND_CONNECTIONS: u32 = 4;
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // First: a SIGTERM during the start is then answered by an orderly stop.
     let shutdown = shutdown_signal();
-    crate::init_logging();
+    // Held to the end: its drop exports the last spans.
+    let _telemetry = crate::init_logging()?;
     crate::clearing::check_worker_device(&args.clearing)?;
     let handoffs = handoff_config(&args)?;
     keep_files_private();

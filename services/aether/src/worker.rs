@@ -60,7 +60,8 @@ pub struct WorkerArgs {
 }
 
 pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
-    crate::init_logging();
+    // Held to the end: its drop exports the last spans.
+    let _telemetry = crate::init_logging()?;
     let device: DeviceChoice = args
         .device
         .parse()

@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
+use tracing::Instrument as _;
 
 use aether_control::rollout_controller::ObservationSender;
 use aether_control::{ControlState, EngineStatus, Origin, RolloutPhase};
@@ -447,17 +448,33 @@ impl ClearingGateway {
         };
 
         // Rules against the live context, then the clauses the fired rules cite.
-        let (context, velocity) = self.inner.risk.context(&s.member_id, &trade.seller, now);
-        let rules = self.inner.control.policies.engine();
-        let rule_set = rules.snapshot();
-        let hooks: Vec<&str> = route.hooks.iter().map(String::as_str).collect();
-        let evaluation = rule_set
-            .evaluate_members(&rules_request(&s, &trade), &context, &hooks)
-            .map_err(|e| ClearError::NoEngine(format!("the engine's policies cannot run: {e}")))?;
-        let corpora = self.inner.control.corpora.current_versions();
-        let cited = self.cited(&evaluation.cited_clauses());
-        let rules_digest = to_hex(&evaluation.rules_digest);
-        let snapshot_id = self.inner.snapshot_ids.id(&route, &rules_digest, &corpora);
+        let rules_span =
+            tracing::debug_span!("clearing.rules", aether.rules_fired = tracing::field::Empty);
+        let (velocity, evaluation, corpora, cited, rules_digest, snapshot_id) = rules_span
+            .in_scope(|| {
+                let (context, velocity) = self.inner.risk.context(&s.member_id, &trade.seller, now);
+                let rules = self.inner.control.policies.engine();
+                let rule_set = rules.snapshot();
+                let hooks: Vec<&str> = route.hooks.iter().map(String::as_str).collect();
+                let evaluation = rule_set
+                    .evaluate_members(&rules_request(&s, &trade), &context, &hooks)
+                    .map_err(|e| {
+                        ClearError::NoEngine(format!("the engine's policies cannot run: {e}"))
+                    })?;
+                let corpora = self.inner.control.corpora.current_versions();
+                let cited = self.cited(&evaluation.cited_clauses());
+                let rules_digest = to_hex(&evaluation.rules_digest);
+                let snapshot_id = self.inner.snapshot_ids.id(&route, &rules_digest, &corpora);
+                Ok::<_, ClearError>((
+                    velocity,
+                    evaluation,
+                    corpora,
+                    cited,
+                    rules_digest,
+                    snapshot_id,
+                ))
+            })?;
+        rules_span.record("aether.rules_fired", evaluation.fired.len());
 
         // Score in a batch; while the candidate's fallback path is on, the baseline
         // decides a request the candidate fails.
@@ -468,6 +485,14 @@ impl ClearingGateway {
         let explain = self.inner.config.explanations
             && (matches!(evaluation.decision, Action::Hold | Action::Deny)
                 || explain_sampled(&s.request_id, self.inner.config.explain_cleared_percent));
+        let score_span = tracing::debug_span!(
+            "clearing.score",
+            aether.model_ref = %route.model_ref,
+            aether.worker = tracing::field::Empty,
+            aether.device = tracing::field::Empty,
+            aether.batch_size = tracing::field::Empty,
+            aether.explained = explain,
+        );
         let (model, scored, fallback) = match self
             .score(
                 &route.model_ref,
@@ -476,6 +501,7 @@ impl ClearingGateway {
                 observed.clone(),
                 explain,
             )
+            .instrument(score_span.clone())
             .await
         {
             Ok((model, scored)) => (model, scored, None::<(String, Value)>),
@@ -493,6 +519,10 @@ impl ClearingGateway {
             }
         };
 
+        score_span.record("aether.worker", scored.worker.as_str());
+        score_span.record("aether.device", scored.device.as_str());
+        score_span.record("aether.batch_size", scored.batch_size);
+        drop(score_span);
         let score = f64::from(scored.score.score);
         let decision = match evaluation.decision {
             Action::Deny => Decision::Rejected,
@@ -574,6 +604,12 @@ impl ClearingGateway {
         let committed = match scored
             .recorder
             .record(clearing_stream(&s.member_id), event)
+            .instrument(tracing::debug_span!(
+                "ledger.commit",
+                otel.kind = "client",
+                db.operation.name = "append",
+                db.collection.name = %clearing_stream(&s.member_id),
+            ))
             .await
         {
             Ok(committed) => committed,

@@ -18,5 +18,6 @@ pub mod pb;
 pub mod risk_book;
 pub mod service;
 pub mod snapshot_grpc;
+pub mod telemetry;
 pub mod tls;
 pub mod workers;

@@ -12,6 +12,7 @@ use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument as _;
 
 use crate::clearing::{
     Answer, ClearError, ClearingGateway, Colouring, Decision, Submission, TradeInput,
@@ -119,7 +120,15 @@ impl ClearingServer {
         let trade = request
             .trade
             .ok_or_else(|| Status::invalid_argument("the ClearingRequest has no trade"))?;
-        let answer = self
+        // The request's span, a child of the member's `traceparent` (known only once the
+        // envelope is open); off unless traces are exported (`crate::telemetry`).
+        let span = crate::telemetry::request_span(
+            method,
+            &sealed.member_id,
+            &sealed.request_id,
+            &request.traceparent,
+        );
+        let decided = self
             .gateway
             .clear(Submission {
                 member_id: sealed.member_id.clone(),
@@ -141,12 +150,18 @@ impl ClearingServer {
                     traceparent: request.traceparent,
                 },
             })
-            .await
-            .map_err(clear_status)?;
+            .instrument(span.clone())
+            .await;
+        crate::telemetry::finish(&span, decided.as_ref().map(|a| a.receipt.seq));
+        let answer = decided.map_err(clear_status)?;
         let plaintext = to_pb(answer).encode_to_vec();
         let issued_at = unix_now();
-        let out =
-            seal(&opened.key, &aad.response(issued_at), &plaintext).map_err(envelope_status)?;
+        let out = span
+            .in_scope(|| {
+                let _seal = tracing::debug_span!("envelope.seal").entered();
+                seal(&opened.key, &aad.response(issued_at), &plaintext)
+            })
+            .map_err(envelope_status)?;
         Ok(SealedResponse {
             request_id: sealed.request_id,
             nonce: out.nonce.to_vec(),

@@ -1,0 +1,160 @@
+//! OpenTelemetry traces, configured by the standard `OTEL_*` variables and off unless an
+//! OTLP endpoint is named. The spans are `tracing` spans at DEBUG level (`aether` and
+//! `aether_gateway` targets); only the OpenTelemetry layer's own filter lets them through,
+//! so without an exporter they are disabled at their call site and cost nothing.
+//!
+//! Sampling: parent-based (an incoming `traceparent`'s sampled flag is followed), a root
+//! decided by trace-id ratio, default 1 % (`OTEL_TRACES_SAMPLER` and
+//! `OTEL_TRACES_SAMPLER_ARG` override it, as the SDK reads them).
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
+use tracing_subscriber::Layer;
+
+/// The default share of root traces kept, the source design's 1 %.
+pub const DEFAULT_RATIO: f64 = 0.01;
+
+/// How traces are exported, from the environment.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Export {
+    Off,
+    Grpc,
+    HttpProtobuf,
+}
+
+/// What the `OTEL_*` variables ask for.
+pub fn configured(env: impl Fn(&str) -> Option<String>) -> Result<Export, String> {
+    let truthy = |k: &str| env(k).is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    if truthy("OTEL_SDK_DISABLED")
+        || env("OTEL_TRACES_EXPORTER").is_some_and(|v| v.eq_ignore_ascii_case("none"))
+    {
+        return Ok(Export::Off);
+    }
+    let endpoint = env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        .or_else(|| env("OTEL_EXPORTER_OTLP_ENDPOINT"))
+        .filter(|e| !e.trim().is_empty());
+    if endpoint.is_none() {
+        return Ok(Export::Off);
+    }
+    if let Some(exporter) = env("OTEL_TRACES_EXPORTER")
+        && !exporter.eq_ignore_ascii_case("otlp")
+    {
+        return Err(format!(
+            "OTEL_TRACES_EXPORTER={exporter:?}: only otlp (or none) is supported"
+        ));
+    }
+    let protocol = env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        .or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL"))
+        .unwrap_or_else(|| "grpc".to_owned());
+    match protocol.as_str() {
+        "grpc" => Ok(Export::Grpc),
+        "http/protobuf" => Ok(Export::HttpProtobuf),
+        other => Err(format!(
+            "OTEL_EXPORTER_OTLP_PROTOCOL={other:?}: grpc and http/protobuf are supported"
+        )),
+    }
+}
+
+/// The tracer provider, kept to flush the spans at exit.
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+}
+
+/// Dropped when the command ends: exports what is still buffered.
+impl Drop for Telemetry {
+    fn drop(&mut self) {
+        if let Some(provider) = self.provider.take()
+            && let Err(e) = provider.shutdown()
+        {
+            eprintln!("OpenTelemetry: could not export the last spans: {e}");
+        }
+    }
+}
+
+/// A subscriber layer, boxed to be optional.
+pub type BoxedLayer<S> = Box<dyn Layer<S> + Send + Sync>;
+
+/// The layer that turns Aether's spans into OpenTelemetry spans, when configured. Must
+/// be called inside a tokio runtime (the batch exporter runs on it).
+pub fn layer<S>() -> Result<(Option<BoxedLayer<S>>, Telemetry), String>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a> + Send + Sync,
+{
+    let export = configured(|k| std::env::var(k).ok())?;
+    let exporter = match export {
+        Export::Off => return Ok((None, Telemetry { provider: None })),
+        Export::Grpc => opentelemetry_otlp::SpanExporter::builder()
+            .with_tonic()
+            .build(),
+        Export::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .build(),
+    }
+    .map_err(|e| format!("the OTLP exporter cannot be built: {e}"))?;
+    let mut builder = SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(
+            opentelemetry_sdk::Resource::builder()
+                .with_service_name(
+                    std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "aether".to_owned()),
+                )
+                .build(),
+        );
+    if std::env::var("OTEL_TRACES_SAMPLER").is_err() {
+        builder = builder.with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
+            DEFAULT_RATIO,
+        ))));
+    }
+    let provider = builder.build();
+    opentelemetry::global::set_text_map_propagator(
+        opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+    );
+    let tracer = provider.tracer("aether");
+    // Aether's spans only (the ledger's and the libraries' debug events stay out).
+    let ours = tracing_subscriber::filter::filter_fn(|meta| {
+        meta.is_span()
+            && (meta.target().starts_with("aether::")
+                || meta.target() == "aether"
+                || meta.target().starts_with("aether_gateway"))
+    });
+    let layer = tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_filter(ours)
+        .boxed();
+    Ok((
+        Some(layer),
+        Telemetry {
+            provider: Some(provider),
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| {
+            vars.iter()
+                .find(|(name, _)| *name == k)
+                .map(|(_, v)| (*v).to_owned())
+        }
+    }
+
+    #[test]
+    fn traces_are_off_unless_an_endpoint_is_named() {
+        assert_eq!(configured(env(&[])), Ok(Export::Off));
+        let on = [("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317")];
+        assert_eq!(configured(env(&on)), Ok(Export::Grpc));
+        let disabled = [on[0], ("OTEL_SDK_DISABLED", "true")];
+        assert_eq!(configured(env(&disabled)), Ok(Export::Off));
+        let none = [on[0], ("OTEL_TRACES_EXPORTER", "none")];
+        assert_eq!(configured(env(&none)), Ok(Export::Off));
+        let http = [on[0], ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")];
+        assert_eq!(configured(env(&http)), Ok(Export::HttpProtobuf));
+        let json = [on[0], ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")];
+        assert!(configured(env(&json)).is_err());
+        let zipkin = [on[0], ("OTEL_TRACES_EXPORTER", "zipkin")];
+        assert!(configured(env(&zipkin)).is_err());
+    }
+}

@@ -1,0 +1,234 @@
+//! OpenTelemetry traces of a real `aether serve`, exported over OTLP/gRPC to a real
+//! `TraceService` this test starts: a clearing request is one trace under the member's
+//! `traceparent`, with its stages as child spans and the ledger seq of its decision; an
+//! HTTP call is a span under the caller's `traceparent`.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use aether_e2e::clearing::{activate, client, trade};
+use aether_e2e::{REGULATOR_TOKEN, Server, http};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+use opentelemetry_proto::tonic::trace::v1::Span;
+
+/// Collects every span exported to it.
+#[derive(Clone, Default)]
+struct Receiver {
+    spans: Arc<Mutex<Vec<Span>>>,
+}
+
+#[tonic::async_trait]
+impl TraceService for Receiver {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let mut spans = self.spans.lock().unwrap();
+        for resource in request.into_inner().resource_spans {
+            for scope in resource.scope_spans {
+                spans.extend(scope.spans);
+            }
+        }
+        Ok(tonic::Response::new(ExportTraceServiceResponse {
+            partial_success: None,
+        }))
+    }
+}
+
+async fn receiver() -> (String, Receiver) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let receiver = Receiver::default();
+    let service = TraceServiceServer::new(receiver.clone());
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .await
+            .unwrap();
+    });
+    (format!("http://{address}"), receiver)
+}
+
+fn attribute(span: &Span, key: &str) -> Option<String> {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| kv.value.as_ref()?.value.as_ref())
+        .map(|v| match v {
+            AnyValue::StringValue(s) => s.clone(),
+            AnyValue::IntValue(i) => i.to_string(),
+            AnyValue::BoolValue(b) => b.to_string(),
+            AnyValue::DoubleValue(d) => d.to_string(),
+            other => format!("{other:?}"),
+        })
+}
+
+/// The spans of `trace_id` once `names` are all among them (30 s at most).
+async fn trace(receiver: &Receiver, trace_id: &[u8], names: &[&str]) -> Vec<Span> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let spans: Vec<Span> = receiver
+            .spans
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.trace_id == trace_id)
+            .cloned()
+            .collect();
+        if names.iter().all(|n| spans.iter().any(|s| s.name == *n)) {
+            return spans;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "trace incomplete: {:?}",
+            spans.iter().map(|s| &s.name).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clearing_request_is_one_trace_under_the_members_traceparent() {
+    let (endpoint, receiver) = receiver().await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(
+        &data,
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_TRACES_SAMPLER", "always_on"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    );
+    activate(&server).await;
+
+    let trace_hex = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let parent_hex = "00f067aa0ba902b7";
+    let mut request = trade(125_000);
+    request.traceparent = format!("00-{trace_hex}-{parent_hex}-01");
+    request.trace_id = trace_hex.to_owned();
+    let mut bank_a = client(&server, &data, "bank-a").await;
+    let answer = bank_a.submit("req-traced", &request).await.unwrap();
+    let seq = answer.receipt.as_ref().unwrap().seq;
+
+    let trace_id = hex::decode(trace_hex).unwrap();
+    let root_name = "aether.v1.ClearingService/Submit";
+    let stages = [
+        "clearing.rules",
+        "clearing.score",
+        "ledger.commit",
+        "envelope.seal",
+    ];
+    let mut names = vec![root_name];
+    names.extend(stages);
+    let spans = trace(&receiver, &trace_id, &names).await;
+    let root = spans.iter().find(|s| s.name == root_name).unwrap();
+    assert_eq!(
+        root.parent_span_id,
+        hex::decode(parent_hex).unwrap(),
+        "the member's span is the parent"
+    );
+    assert_eq!(attribute(root, "rpc.system").as_deref(), Some("grpc"));
+    assert_eq!(attribute(root, "rpc.method").as_deref(), Some("Submit"));
+    assert_eq!(
+        attribute(root, "aether.ledger.seq"),
+        Some(seq.to_string()),
+        "the trace names its event"
+    );
+    assert_eq!(
+        attribute(root, "aether.request_id").as_deref(),
+        Some("req-traced")
+    );
+    for stage in stages {
+        let span = spans.iter().find(|s| s.name == stage).unwrap();
+        assert_eq!(
+            span.parent_span_id, root.span_id,
+            "{stage} is a child of the request"
+        );
+        assert!(
+            span.start_time_unix_nano >= root.start_time_unix_nano,
+            "{stage}"
+        );
+        assert!(
+            span.end_time_unix_nano <= root.end_time_unix_nano || stage == "envelope.seal",
+            "{stage}"
+        );
+    }
+    let score = spans.iter().find(|s| s.name == "clearing.score").unwrap();
+    assert_eq!(attribute(score, "aether.device").as_deref(), Some("cpu"));
+    // Stages in order: rules, then scoring, then the commit.
+    let start = |name: &str| {
+        spans
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap()
+            .start_time_unix_nano
+    };
+    assert!(start("clearing.rules") <= start("clearing.score"));
+    assert!(start("clearing.score") <= start("ledger.commit"));
+
+    // The ledger event names the same trace.
+    let event = aether_e2e::clearing::get(&server, &format!("/v1/audit/events/{seq}")).await;
+    assert_eq!(event["event"]["metadata"]["trace_id"], trace_hex, "{event}");
+
+    // An HTTP call is a span under the caller's traceparent.
+    let http_trace = "0af7651916cd43dd8448eb211c80319c";
+    let resp = http()
+        .get(server.url("/v1/engines"))
+        .bearer_auth(REGULATOR_TOKEN)
+        .header(
+            "traceparent",
+            format!("00-{http_trace}-b7ad6b7169203331-01"),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let spans = trace(
+        &receiver,
+        &hex::decode(http_trace).unwrap(),
+        &["GET /v1/engines"],
+    )
+    .await;
+    let call = &spans[0];
+    assert_eq!(
+        call.parent_span_id,
+        hex::decode("b7ad6b7169203331").unwrap()
+    );
+    assert_eq!(
+        attribute(call, "http.request.method").as_deref(),
+        Some("GET")
+    );
+    assert_eq!(
+        attribute(call, "http.response.status_code").as_deref(),
+        Some("200")
+    );
+    assert!(server.terminate().success());
+}
+
+/// An OTLP protocol Aether does not speak is refused at the start, naming the variable.
+#[test]
+fn an_unsupported_otlp_protocol_is_refused_at_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = aether_e2e::run_aether(
+        &[
+            "serve",
+            "--data-dir",
+            dir.path().join("data").to_str().unwrap(),
+        ],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+        ],
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("OTEL_EXPORTER_OTLP_PROTOCOL"), "{stderr}");
+}
