@@ -109,12 +109,18 @@ async fn a_clearing_request_is_one_trace_under_the_members_traceparent() {
     );
     activate(&server).await;
 
+    // A caller whose own trace is not sampled (flags 00) is not traced here either.
+    let untraced_hex = "11111111111111111111111111111111";
+    let mut untraced = trade(125_000);
+    untraced.traceparent = format!("00-{untraced_hex}-00f067aa0ba902b7-00");
+    let mut bank_a = client(&server, &data, "bank-a").await;
+    bank_a.submit("req-untraced", &untraced).await.unwrap();
+
     let trace_hex = "4bf92f3577b34da6a3ce929d0e0e4736";
     let parent_hex = "00f067aa0ba902b7";
     let mut request = trade(125_000);
     request.traceparent = format!("00-{trace_hex}-{parent_hex}-01");
     request.trace_id = trace_hex.to_owned();
-    let mut bank_a = client(&server, &data, "bank-a").await;
     let answer = bank_a.submit("req-traced", &request).await.unwrap();
     let seq = answer.receipt.as_ref().unwrap().seq;
 
@@ -129,6 +135,24 @@ async fn a_clearing_request_is_one_trace_under_the_members_traceparent() {
     let mut names = vec![root_name];
     names.extend(stages);
     let spans = trace(&receiver, &trace_id, &names).await;
+    let untraced_id = hex::decode(untraced_hex).unwrap();
+    assert!(
+        !receiver
+            .spans
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|s| s.trace_id == untraced_id),
+        "an unsampled caller's request left no span: {:?}",
+        receiver
+            .spans
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.trace_id == untraced_id)
+            .map(|s| (&s.name, hex::encode(&s.parent_span_id)))
+            .collect::<Vec<_>>()
+    );
     let root = spans.iter().find(|s| s.name == root_name).unwrap();
     assert_eq!(
         root.parent_span_id,

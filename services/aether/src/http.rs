@@ -167,7 +167,17 @@ async fn colour(mut request: axum::extract::Request, next: axum::middleware::Nex
     let trace_id = HeaderValue::from_str(&origin.trace_id).ok();
     // The call's span (off unless traces are exported): a child of the caller's
     // `traceparent`, validated just above.
-    let span = tracing::debug_span!(
+    let traceparent = request
+        .headers()
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let traced = aether_gateway::telemetry::sampled(&origin.trace_id, &traceparent);
+    let span = if !traced {
+        tracing::Span::none()
+    } else {
+        tracing::debug_span!(
         target: "aether",
         "http.request",
         otel.name = %format!("{} {}", request.method(), request.uri().path()),
@@ -177,14 +187,9 @@ async fn colour(mut request: axum::extract::Request, next: axum::middleware::Nex
         url.path = %request.uri().path(),
         http.response.status_code = tracing::field::Empty,
         aether.trace_id = %origin.trace_id,
-    );
-    if let Some(traceparent) = request
-        .headers()
-        .get("traceparent")
-        .and_then(|v| v.to_str().ok())
-    {
-        aether_gateway::telemetry::follow(&span, traceparent);
-    }
+        )
+    };
+    aether_gateway::telemetry::follow(&span, &traceparent);
     request.extensions_mut().insert(origin);
     let mut response = {
         use tracing::Instrument as _;

@@ -55,6 +55,31 @@ pub fn configured(env: impl Fn(&str) -> Option<String>) -> Result<Export, String
     }
 }
 
+/// The share of root traces kept, from `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG`
+/// (the specification's names); always parent-based: a caller's sampled flag decides.
+pub fn sampling_ratio(env: impl Fn(&str) -> Option<String>) -> Result<f64, String> {
+    let sampler = env("OTEL_TRACES_SAMPLER").unwrap_or_default();
+    let arg = || -> Result<f64, String> {
+        match env("OTEL_TRACES_SAMPLER_ARG") {
+            None => Ok(1.0),
+            Some(a) => a
+                .parse::<f64>()
+                .ok()
+                .filter(|r| (0.0..=1.0).contains(r))
+                .ok_or_else(|| format!("OTEL_TRACES_SAMPLER_ARG={a:?}: a ratio in [0, 1]")),
+        }
+    };
+    match sampler.as_str() {
+        "" => Ok(DEFAULT_RATIO),
+        "always_on" | "parentbased_always_on" => Ok(1.0),
+        "always_off" | "parentbased_always_off" => Ok(0.0),
+        "traceidratio" | "parentbased_traceidratio" => arg(),
+        other => Err(format!(
+            "OTEL_TRACES_SAMPLER={other:?}: always_on, always_off, traceidratio or their parentbased_ forms"
+        )),
+    }
+}
+
 /// The tracer provider, kept to flush the spans at exit.
 pub struct Telemetry {
     provider: Option<SdkTracerProvider>,
@@ -91,7 +116,12 @@ where
             .build(),
     }
     .map_err(|e| format!("the OTLP exporter cannot be built: {e}"))?;
-    let mut builder = SdkTracerProvider::builder()
+    let ratio = sampling_ratio(|k| std::env::var(k).ok())?;
+    // The decision is the gateway's, made before any span exists (untraced requests cost
+    // nothing); the spans it makes are all exported.
+    aether_gateway::telemetry::set_ratio(ratio);
+    let builder = SdkTracerProvider::builder()
+        .with_sampler(Sampler::AlwaysOn)
         .with_batch_exporter(exporter)
         .with_resource(
             opentelemetry_sdk::Resource::builder()
@@ -100,11 +130,6 @@ where
                 )
                 .build(),
         );
-    if std::env::var("OTEL_TRACES_SAMPLER").is_err() {
-        builder = builder.with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
-            DEFAULT_RATIO,
-        ))));
-    }
     let provider = builder.build();
     opentelemetry::global::set_text_map_propagator(
         opentelemetry_sdk::propagation::TraceContextPropagator::new(),
@@ -156,5 +181,47 @@ mod tests {
         assert!(configured(env(&json)).is_err());
         let zipkin = [on[0], ("OTEL_TRACES_EXPORTER", "zipkin")];
         assert!(configured(env(&zipkin)).is_err());
+    }
+
+    #[test]
+    fn the_sampler_variables_give_the_ratio() {
+        assert_eq!(sampling_ratio(env(&[])), Ok(0.01));
+        assert_eq!(
+            sampling_ratio(env(&[("OTEL_TRACES_SAMPLER", "always_on")])),
+            Ok(1.0)
+        );
+        let half = [
+            ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "0.5"),
+        ];
+        assert_eq!(sampling_ratio(env(&half)), Ok(0.5));
+        let bad = [
+            ("OTEL_TRACES_SAMPLER", "traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "2"),
+        ];
+        assert!(sampling_ratio(env(&bad)).is_err());
+        assert!(sampling_ratio(env(&[("OTEL_TRACES_SAMPLER", "jaeger_remote")])).is_err());
+    }
+
+    #[test]
+    fn a_trace_is_kept_by_its_parents_flag_else_by_its_id() {
+        use aether_gateway::telemetry::{sampled, set_ratio};
+        set_ratio(0.01);
+        let id = "4bf92f3577b34da6a3ce929d0e0e4736";
+        assert!(sampled(id, &format!("00-{id}-00f067aa0ba902b7-01")));
+        assert!(!sampled(id, &format!("00-{id}-00f067aa0ba902b7-00")));
+        // Lower 64 bits 0x0000000000000001 → kept at 1 %; 0xffff… → dropped.
+        assert!(sampled("4bf92f3577b34da60000000000000001", ""));
+        assert!(!sampled("4bf92f3577b34da6ffffffffffffffff", ""));
+        // About 1 % of random-looking ids (SM3-spread) are kept.
+        let kept = (0..10_000u32)
+            .filter(|n| {
+                sampled(
+                    &hex::encode(&aether_ledger::hashing::sm3(&n.to_be_bytes())[..16]),
+                    "",
+                )
+            })
+            .count();
+        assert!((50..=150).contains(&kept), "{kept}");
     }
 }

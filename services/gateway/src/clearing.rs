@@ -449,7 +449,7 @@ impl ClearingGateway {
 
         // Rules against the live context, then the clauses the fired rules cite.
         let rules_span =
-            tracing::debug_span!("clearing.rules", aether.rules_fired = tracing::field::Empty);
+            crate::stage_span!("clearing.rules", aether.rules_fired = tracing::field::Empty);
         let (velocity, evaluation, corpora, cited, rules_digest, snapshot_id) = rules_span
             .in_scope(|| {
                 let (context, velocity) = self.inner.risk.context(&s.member_id, &trade.seller, now);
@@ -485,7 +485,7 @@ impl ClearingGateway {
         let explain = self.inner.config.explanations
             && (matches!(evaluation.decision, Action::Hold | Action::Deny)
                 || explain_sampled(&s.request_id, self.inner.config.explain_cleared_percent));
-        let score_span = tracing::debug_span!(
+        let score_span = crate::stage_span!(
             "clearing.score",
             aether.model_ref = %route.model_ref,
             aether.worker = tracing::field::Empty,
@@ -604,7 +604,7 @@ impl ClearingGateway {
         let committed = match scored
             .recorder
             .record(clearing_stream(&s.member_id), event)
-            .instrument(tracing::debug_span!(
+            .instrument(crate::stage_span!(
                 "ledger.commit",
                 otel.kind = "client",
                 db.operation.name = "append",

@@ -126,6 +126,7 @@ impl ClearingServer {
             method,
             &sealed.member_id,
             &sealed.request_id,
+            &request.trace_id,
             &request.traceparent,
         );
         let decided = self
@@ -158,7 +159,7 @@ impl ClearingServer {
         let issued_at = unix_now();
         let out = span
             .in_scope(|| {
-                let _seal = tracing::debug_span!("envelope.seal").entered();
+                let _seal = crate::stage_span!("envelope.seal").entered();
                 seal(&opened.key, &aad.response(issued_at), &plaintext)
             })
             .map_err(envelope_status)?;

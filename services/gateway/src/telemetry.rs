@@ -6,13 +6,69 @@
 //! the request, `db.*` on the ledger commit); Aether's own are under `aether.*`.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
+/// The share of root traces kept, as f64 bits; 0 until the binary sets it (traces off).
+static RATIO: AtomicU64 = AtomicU64::new(0);
+
+/// Sets the share of root traces kept (the binary, when traces are exported).
+pub fn set_ratio(ratio: f64) {
+    RATIO.store(ratio.clamp(0.0, 1.0).to_bits(), Ordering::Relaxed);
+}
+
+/// Whether a request is traced, decided before any span is made so that an untraced one
+/// costs nothing: a `traceparent` decides by its sampled flag (parent-based); otherwise the
+/// trace id by ratio, as OpenTelemetry's `TraceIdRatioBased` does (its lower 64 bits,
+/// shifted right once, below ratio · 2⁶³), so every service keeps the same traces; a
+/// request without a trace id by a random draw at the same ratio.
+pub fn sampled(trace_id: &str, traceparent: &str) -> bool {
+    let ratio = f64::from_bits(RATIO.load(Ordering::Relaxed));
+    if ratio <= 0.0 {
+        return false;
+    }
+    let mut parts = traceparent.split('-');
+    if let (Some(_version), Some(_trace), Some(_parent), Some(flags)) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    {
+        return u8::from_str_radix(flags, 16).is_ok_and(|f| f & 1 == 1);
+    }
+    // No trace id of the caller's: a random one (a UUIDv7's last 62 bits are random).
+    let low = trace_id
+        .get(16..32)
+        .and_then(|low| u64::from_str_radix(low, 16).ok())
+        .unwrap_or_else(|| (uuid::Uuid::now_v7().as_u128() as u64) << 2);
+    ratio >= 1.0 || ((low >> 1) as f64) < ratio * (1u64 << 63) as f64
+}
+
+/// A child of the current span, or no span when the current one is off (the request is
+/// not traced): stage spans cost nothing on an untraced request.
+#[macro_export]
+macro_rules! stage_span {
+    ($($arg:tt)*) => {
+        if tracing::Span::current().is_disabled() {
+            tracing::Span::none()
+        } else {
+            tracing::debug_span!($($arg)*)
+        }
+    };
+}
+
 /// The span of one clearing request (`SpanKind::Server`), the child of `traceparent` when
-/// the member sent one (W3C Trace Context, already validated by the gateway).
-pub fn request_span(method: &str, member: &str, request_id: &str, traceparent: &str) -> Span {
+/// the member sent one (W3C Trace Context, already validated by the gateway); no span
+/// when the request is not traced ([`sampled`]).
+pub fn request_span(
+    method: &str,
+    member: &str,
+    request_id: &str,
+    trace_id: &str,
+    traceparent: &str,
+) -> Span {
+    if !sampled(trace_id, traceparent) {
+        return Span::none();
+    }
     let rpc_method = method.rsplit('/').next().unwrap_or(method);
     let span = tracing::debug_span!(
         "clearing.submit",
@@ -25,6 +81,7 @@ pub fn request_span(method: &str, member: &str, request_id: &str, traceparent: &
         rpc.method = %rpc_method,
         aether.member = %member,
         aether.request_id = %request_id,
+        aether.trace_id = %trace_id,
         aether.ledger.seq = tracing::field::Empty,
     );
     follow(&span, traceparent);
