@@ -205,34 +205,27 @@ async fn trades_are_cleared_over_mtls_with_envelopes_and_every_decision_is_on_th
     assert!(cleared["explanation"].is_null(), "{cleared}");
     // Recomputed offline from the ledger and the artifact, bit for bit.
     let data_arg = data.to_str().unwrap();
-    let out = aether_e2e::run_aether(
-        &[
-            "model",
-            "explain",
-            "--data-dir",
-            data_arg,
-            "--request-id",
-            "req-2",
-        ],
-        &[],
-    );
+    let explain = |request_id: &str| {
+        aether_e2e::run_aether(
+            &[
+                "model",
+                "explain",
+                "--data-dir",
+                data_arg,
+                "--request-id",
+                request_id,
+            ],
+            &[],
+        )
+    };
+    let out = explain("req-2");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && stdout.contains("MATCH"),
         "{stdout}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = aether_e2e::run_aether(
-        &[
-            "model",
-            "explain",
-            "--data-dir",
-            data_arg,
-            "--request-id",
-            "req-1",
-        ],
-        &[],
-    );
+    let out = explain("req-1");
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("was not explained"),

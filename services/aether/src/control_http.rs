@@ -249,32 +249,16 @@ async fn rollout_analysis(
         )
     })?;
     let stream = aether_control::rollout_controller::stream(&id);
-    let mut checks = Vec::new();
-    let mut before = u64::MAX;
-    for _ in 0..ANALYSIS_PAGES {
-        let page = state
-            .reads
-            .read_stream(
-                &stream,
-                before,
-                aether_ledger::Direction::Backward,
-                ANALYSIS_PAGE,
-            )
-            .await?;
-        for event in &page {
-            if event.event_type == aether_control::rollout_controller::CHECKED
-                && (checks.len() as u64) < limit
-            {
-                checks.push(check_summary(event));
-            }
-        }
-        match page.last() {
-            Some(last) if (checks.len() as u64) < limit && last.stream_version > 1 => {
-                before = last.stream_version - 1;
-            }
-            _ => break,
-        }
-    }
+    let checks: Vec<serde_json::Value> = newest_of_type(
+        &state.reads,
+        &stream,
+        aether_control::rollout_controller::CHECKED,
+        limit as usize,
+    )
+    .await?
+    .iter()
+    .map(check_summary)
+    .collect();
     let significance = checks
         .iter()
         .find_map(|c| c.get("significance").cloned())
@@ -327,11 +311,14 @@ async fn close_review(
         |detail: String| Problem::new(StatusCode::CONFLICT, "No such open review", detail);
     let analysis = aether_control::rollout_controller::stream(&id);
     let opened = newest_of_type(
-        &state,
+        &state.store,
         &analysis,
         aether_control::rollout_controller::REVIEW_OPENED,
+        1,
     )
     .await?
+    .into_iter()
+    .next()
     .ok_or_else(|| conflict(format!("rollout {id} has no review open")))?;
     let open_ticket = serde_json::from_str::<serde_json::Value>(opened.payload.get())
         .ok()
@@ -344,11 +331,14 @@ async fn close_review(
     }
     let rollout_stream = format!("rollout/{id}");
     if let Some(closed) = newest_of_type(
-        &state,
+        &state.store,
         &rollout_stream,
         aether_control::rollouts::REVIEW_CLOSED,
+        1,
     )
     .await?
+    .into_iter()
+    .next()
         && serde_json::from_str::<serde_json::Value>(closed.payload.get())
             .is_ok_and(|p| p["ticket"] == ticket.as_str())
     {
@@ -363,17 +353,18 @@ async fn close_review(
     Ok(axum::Json(json!({ "rollout": rollout, "event": event })).into_response())
 }
 
-/// The newest event of `event_type` on `stream`, reading back at most
-/// [`ANALYSIS_PAGES`] pages.
+/// The newest `limit` events of `event_type` on `stream`, newest first, reading back at
+/// most [`ANALYSIS_PAGES`] pages.
 async fn newest_of_type(
-    state: &AppState,
+    store: &aether_ledger::EventStore,
     stream: &str,
     event_type: &str,
-) -> Result<Option<aether_ledger::RecordedEvent>, Problem> {
+    limit: usize,
+) -> Result<Vec<aether_ledger::RecordedEvent>, Problem> {
+    let mut found = Vec::new();
     let mut before = u64::MAX;
     for _ in 0..ANALYSIS_PAGES {
-        let page = state
-            .store
+        let page = store
             .read_stream(
                 stream,
                 before,
@@ -381,15 +372,20 @@ async fn newest_of_type(
                 ANALYSIS_PAGE,
             )
             .await?;
-        if let Some(found) = page.iter().find(|e| e.event_type == event_type) {
-            return Ok(Some(found.clone()));
-        }
+        found.extend(
+            page.iter()
+                .filter(|e| e.event_type == event_type)
+                .take(limit - found.len())
+                .cloned(),
+        );
         match page.last() {
-            Some(last) if last.stream_version > 1 => before = last.stream_version - 1,
-            _ => return Ok(None),
+            Some(last) if found.len() < limit && last.stream_version > 1 => {
+                before = last.stream_version - 1;
+            }
+            _ => break,
         }
     }
-    Ok(None)
+    Ok(found)
 }
 
 /// A `RolloutChecked` without the analyzer's internals (its state's samples).

@@ -638,7 +638,7 @@ impl RolloutRegistry {
         }
         let payload = json!({"from_weight": state.candidate_weight, "to_weight": to,
                              "reason": reason, "rollout_event_id": state.started_event_id});
-        self.append_caused(&state, WEIGHT_SET, payload, cause, origin)
+        self.append_caused(&state, WEIGHT_SET, payload, Some(cause), origin)
             .await
     }
 
@@ -655,7 +655,7 @@ impl RolloutRegistry {
             .get(id)
             .ok_or_else(|| RolloutError::NotFound(id.to_owned()))?;
         let payload = json!({"on": on, "rollout_event_id": state.started_event_id});
-        self.append_caused(&state, FALLBACK_SET, payload, cause, origin)
+        self.append_caused(&state, FALLBACK_SET, payload, Some(cause), origin)
             .await
     }
 
@@ -677,31 +677,25 @@ impl RolloutRegistry {
             "resolution": resolution,
             "rollout_event_id": state.started_event_id,
         });
-        let event = NewEvent::new(REVIEW_CLOSED, payload).with_metadata(origin.metadata(json!({
-            "correlation_id": state.started_event_id,
-        })));
-        let committed = self
-            .append(id, ExpectedVersion::Exact(state.version), event)
-            .await?;
-        let state = self
-            .get(id)
-            .ok_or_else(|| RolloutError::NotFound(id.to_owned()))?;
-        Ok((state, committed))
+        self.append_caused(&state, REVIEW_CLOSED, payload, None, origin)
+            .await
     }
 
-    /// One controller event on a rollout at its current version, naming its cause.
+    /// One event on a rollout at its current version, in the rollout's correlation and
+    /// naming its cause when it has one (the analysis event behind a controller's change).
     async fn append_caused(
         &self,
         state: &RolloutState,
         kind: &str,
         payload: serde_json::Value,
-        cause: &str,
+        cause: Option<&str>,
         origin: &Origin,
     ) -> Result<(RolloutState, Committed), RolloutError> {
-        let event = NewEvent::new(kind, payload).with_metadata(origin.metadata(json!({
-            "correlation_id": state.started_event_id,
-            "causation_id": cause,
-        })));
+        let mut metadata = json!({"correlation_id": state.started_event_id});
+        if let Some(cause) = cause {
+            metadata["causation_id"] = json!(cause);
+        }
+        let event = NewEvent::new(kind, payload).with_metadata(origin.metadata(metadata));
         let committed = self
             .append(&state.id, ExpectedVersion::Exact(state.version), event)
             .await?;
