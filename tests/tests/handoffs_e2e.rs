@@ -152,6 +152,22 @@ async fn a_review_ticket_reaches_the_webhook_signed_and_a_retrain_runs_the_comma
         retrain_out.display()
     );
     let webhook = format!("http://127.0.0.1:{port}/hooks/review");
+    // A ticket recorded before the hand-offs were turned on is not delivered.
+    let store = EventStore::connect(&db.url, StoreConfig::default())
+        .await
+        .unwrap();
+    let old = store
+        .append(
+            "analysis/r-before",
+            ExpectedVersion::Any,
+            vec![NewEvent::new(
+                "ReviewTicketOpened",
+                json!({"candidate": "m@r", "ticket": "review-r-before-1", "deadline": "2026-01-01T00:00:00Z"}),
+            )],
+        )
+        .await
+        .unwrap()[0]
+        .event_id;
     let server = Server::start(
         &data,
         &[
@@ -196,9 +212,6 @@ async fn a_review_ticket_reaches_the_webhook_signed_and_a_retrain_runs_the_comma
 
     // What the rollout controller records at an L3 freeze and an L2 pause (the analyzer's
     // tests cover when it does), written to the same ledger.
-    let store = EventStore::connect(&db.url, StoreConfig::default())
-        .await
-        .unwrap();
     let ticket = format!("review-{id}-1796000000000");
     let analysis = format!("analysis/{id}");
     let controller = json!({"actor": "rollout-controller"});
@@ -243,6 +256,11 @@ async fn a_review_ticket_reaches_the_webhook_signed_and_a_retrain_runs_the_comma
     assert_eq!(delivered["metadata"]["causation_id"], opened_id.to_string());
     let got = received.lock().unwrap().clone();
     assert_eq!(got.len(), 2, "{got:?}");
+    assert!(
+        got.iter()
+            .all(|r| r.header("x-aether-event-id") != Some(old.to_string().as_str())),
+        "the ticket from before the hand-offs started was delivered"
+    );
     assert_eq!(got[0].body, got[1].body, "the retry sends the same body");
     for request in &got {
         let expected = format!("hmac-sm3={}", hmac_sm3(secret, &request.body));

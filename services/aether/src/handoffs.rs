@@ -5,8 +5,9 @@
 //! delivered, when and after how many tries is on the ledger with the request it answers.
 //!
 //! Runs on one node of a cluster at a time (lease `handoffs`), follows the ledger from a
-//! stored position, and saves it after each hand-off: at-least-once delivery, each POST
-//! carrying the event id (`X-Aether-Event-Id`) for the receiver to drop repeats.
+//! stored position (the ledger's head the first time), and saves it after each hand-off:
+//! at-least-once delivery, each POST carrying the event id (`X-Aether-Event-Id`) for the
+//! receiver to drop repeats.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -113,6 +114,16 @@ pub async fn run(
     config: HandoffConfig,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
+    // The first time on a ledger they start at its head: turning a webhook or a command on
+    // must not replay every drift event of the past (those stay on the ledger).
+    if store.load_position(POSITION).await?.is_none() {
+        let head = store.head().await?.map_or(0, |(seq, _)| seq);
+        store.save_position(POSITION, head).await?;
+        tracing::info!(
+            from_seq = head + 1,
+            "drift hand-offs start at the ledger's head; earlier drift events are not handed off"
+        );
+    }
     let mut subscription = store.subscribe_named(POSITION).await?;
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
