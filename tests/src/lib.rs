@@ -247,3 +247,27 @@ pub async fn all_events(server: &Server) -> Vec<serde_json::Value> {
         }
     }
 }
+
+/// Registers two small models, `finmoe-7b-v3@sgp-region` and `finmoe-7b-v4@sgp-region`,
+/// from files written in `dir` (which must be one of the server's model directories), as
+/// an operator: the baseline and candidate of a rollout that scores nothing.
+pub async fn register_two_models(server: &Server, dir: &Path) {
+    for (name, bytes) in [("v3", b"three".as_slice()), ("v4", b"four".as_slice())] {
+        std::fs::create_dir_all(dir).expect("model dir");
+        let path = dir.join(format!("{name}.bin"));
+        std::fs::write(&path, bytes).expect("model file");
+        let model = serde_json::json!({"ref": format!("finmoe-7b-{name}@sgp-region"),
+            "uri": path.to_str().expect("UTF-8 path"),
+            "digest": hex::encode(aether_ledger::hashing::sm3(bytes)),
+            "feature_schema": {"amount_minor": "int"}});
+        let resp = http()
+            .post(server.url("/v1/models"))
+            .bearer_auth(OPERATOR_TOKEN)
+            .json(&model)
+            .send()
+            .await
+            .expect("register a model");
+        let status = resp.status();
+        assert_eq!(status, 201, "{}", resp.text().await.unwrap_or_default());
+    }
+}

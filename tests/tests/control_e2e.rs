@@ -441,17 +441,7 @@ async fn a_rollout_follows_its_state_machine_over_http() {
             .json(&body)
             .send()
     };
-    for (name, bytes) in [("v3", b"three".as_slice()), ("v4", b"four".as_slice())] {
-        let path = dir.path().join(format!("{name}.bin"));
-        std::fs::write(&path, bytes).unwrap();
-        let model = serde_json::json!({"ref": format!("finmoe-7b-{name}@sgp-region"),
-            "uri": path.to_str().unwrap(), "digest": hex::encode(aether_ledger::hashing::sm3(bytes)),
-            "feature_schema": {"amount_minor": "int"}});
-        assert_eq!(
-            post("/v1/models".into(), model).await.unwrap().status(),
-            201
-        );
-    }
+    aether_e2e::register_two_models(&server, dir.path()).await;
     let bad = serde_json::json!({"baseline": "finmoe-7b-v3@sgp-region", "candidate": "finmoe-7b-v4@sgp-region", "steps": [50, 10]});
     assert_eq!(
         post("/v1/rollouts".into(), bad).await.unwrap().status(),

@@ -188,16 +188,7 @@ async fn a_review_ticket_reaches_the_webhook_signed_and_a_retrain_runs_the_comma
             .json(&body)
             .send()
     };
-    for (name, bytes) in [("v3", b"three".as_slice()), ("v4", b"four".as_slice())] {
-        let path = data.join("model").join(format!("{name}.bin"));
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, bytes).unwrap();
-        let model = json!({"ref": format!("finmoe-7b-{name}@sgp-region"),
-            "uri": path.to_str().unwrap(), "digest": hex::encode(aether_ledger::hashing::sm3(bytes)),
-            "feature_schema": {"amount_minor": "int"}});
-        let resp = post("/v1/models".into(), model).await.unwrap();
-        assert_eq!(resp.status(), 201, "{}", resp.text().await.unwrap());
-    }
+    aether_e2e::register_two_models(&server, &data.join("model")).await;
     let resp = post(
         "/v1/rollouts".into(),
         json!({"baseline": "finmoe-7b-v3@sgp-region", "candidate": "finmoe-7b-v4@sgp-region"}),

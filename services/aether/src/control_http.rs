@@ -206,13 +206,7 @@ async fn rollout(
         .rollouts
         .get(&id)
         .map(|r| axum::Json(r).into_response())
-        .ok_or_else(|| {
-            Problem::new(
-                StatusCode::NOT_FOUND,
-                "Not found",
-                format!("no rollout {id:?}"),
-            )
-        })
+        .ok_or_else(|| no_rollout(&id))
 }
 
 /// Rollout checks read per page of the analysis stream; a check is about ten events.
@@ -241,13 +235,11 @@ async fn rollout_analysis(
             "limit must be between 1 and 100, got {limit}"
         )));
     }
-    let rollout = state.control.rollouts.get(&id).ok_or_else(|| {
-        Problem::new(
-            StatusCode::NOT_FOUND,
-            "Not found",
-            format!("no rollout {id:?}"),
-        )
-    })?;
+    let rollout = state
+        .control
+        .rollouts
+        .get(&id)
+        .ok_or_else(|| no_rollout(&id))?;
     let stream = aether_control::rollout_controller::stream(&id);
     let checks: Vec<serde_json::Value> = newest_of_type(
         &state.reads,
@@ -301,11 +293,7 @@ async fn close_review(
         ));
     }
     if state.control.rollouts.get(&id).is_none() {
-        return Err(Problem::new(
-            StatusCode::NOT_FOUND,
-            "Not found",
-            format!("no rollout {id:?}"),
-        ));
+        return Err(no_rollout(&id));
     }
     let conflict =
         |detail: String| Problem::new(StatusCode::CONFLICT, "No such open review", detail);
@@ -408,6 +396,15 @@ fn check_summary(event: &aether_ledger::RecordedEvent) -> serde_json::Value {
         }
     }
     summary
+}
+
+/// 404 for a rollout id the projection does not know.
+fn no_rollout(id: &str) -> Problem {
+    Problem::new(
+        StatusCode::NOT_FOUND,
+        "Not found",
+        format!("no rollout {id:?}"),
+    )
 }
 
 pub(crate) fn json_body<T: serde::de::DeserializeOwned>(
