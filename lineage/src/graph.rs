@@ -505,6 +505,56 @@ impl LineageGraph {
             .collect()
     }
 
+    /// `GET /api/v1/search`: the jobs and datasets whose name or namespace contains `query`
+    /// (ignoring case), of `kind` when given, in Marquez's search shape; by name, or newest
+    /// first with `newest_first`.
+    pub fn search(&self, query: &str, kind: Option<NodeKind>, newest_first: bool) -> Vec<Value> {
+        let needle = query.to_lowercase();
+        let matches = |n: &Name| {
+            n.name.to_lowercase().contains(&needle) || n.namespace.to_lowercase().contains(&needle)
+        };
+        let jobs = self
+            .jobs
+            .iter()
+            .filter(|_| kind != Some(NodeKind::Dataset))
+            .map(|(n, j)| (NodeKind::Job, n, j.updated));
+        let datasets = self
+            .datasets
+            .iter()
+            .filter(|_| kind != Some(NodeKind::Job))
+            .map(|(n, d)| (NodeKind::Dataset, n, d.updated));
+        let mut found: Vec<(NodeKind, &Name, Time)> = jobs
+            .chain(datasets)
+            .filter(|(_, n, _)| matches(n))
+            .collect();
+        if newest_first {
+            found.sort_by(|a, b| b.2.cmp(&a.2).then(a.1.cmp(b.1)));
+        } else {
+            found.sort_by(|a, b| {
+                a.1.name
+                    .cmp(&b.1.name)
+                    .then(a.1.cmp(b.1))
+                    .then(a.0.cmp(&b.0))
+            });
+        }
+        found
+            .into_iter()
+            .map(|(kind, name, updated)| {
+                let node = NodeRef {
+                    kind,
+                    name: name.clone(),
+                };
+                json!({
+                    "type": if kind == NodeKind::Job { "JOB" } else { "DATASET" },
+                    "name": name.name,
+                    "updatedAt": time(updated),
+                    "namespace": name.namespace,
+                    "nodeId": node.id(),
+                })
+            })
+            .collect()
+    }
+
     /// The jobs of a namespace, in Marquez's shape, by name.
     pub fn jobs(&self, namespace: &str) -> Vec<Value> {
         in_namespace(&self.jobs, namespace, |n| self.job_json(n))

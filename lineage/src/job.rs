@@ -128,8 +128,75 @@ impl Change {
     }
 }
 
+/// The event types with a job of their own (the table above), for finding them by name.
+pub const EVENT_TYPES: &[&str] = &[
+    "EngineActivationRequested",
+    "EngineModelVerified",
+    "EnginePoliciesBound",
+    "CircuitBreakerRegistered",
+    "EngineActivated",
+    "EngineActivationFailed",
+    "EngineDeactivated",
+    "ModelRegistered",
+    "PolicyIngested",
+    "PolicyIngestRejected",
+    "CorpusIngested",
+    "RolloutStarted",
+    "RolloutStepped",
+    "RolloutPaused",
+    "RolloutResumed",
+    "RolloutPromoted",
+    "RolloutAborted",
+    "RolloutWeightSet",
+    "RolloutFallbackSet",
+    "ReviewTicketClosed",
+    "RolloutChecked",
+    "RolloutAssessed",
+    "AnalysisInconclusive",
+    "AnalysisPaused",
+    "DriftAssessed",
+    "RetrainRequested",
+    "ReviewTicketOpened",
+    "ControllerTransitioned",
+    "WeightDecided",
+    "SemanticRollbackDecided",
+    "PromotionDecided",
+    "PromotionWithheld",
+    "DriftEscalated",
+    "ReviewTicketOverdue",
+    "FeatureHealthSnapshot",
+    "DriftReferenceFixed",
+    "StepSnapshotTaken",
+    "RolledBack",
+    "RetrainStarted",
+    "RetrainFinished",
+    "RetrainFailed",
+    "HandoffDelivered",
+    "HandoffFailed",
+    "SnapshotCommitted",
+    "SnapshotAborted",
+    "ClearingDecided",
+    "NettingComputed",
+    CHECKPOINT_EVENT_TYPE,
+    REDACTION_EVENT_TYPE,
+    "AuditQueried",
+];
+
 /// The OpenLineage job (in [`JOB_NAMESPACE`]) of a ledger event type; `ledger.event` for
 /// types without a job of their own.
 pub fn job_name(event_type: &str) -> &'static str {
     Change::of(event_type).job
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_listed_event_type_has_a_job_of_its_own() {
+        for event_type in EVENT_TYPES {
+            assert_ne!(job_name(event_type), LEDGER_EVENT, "{event_type}");
+        }
+        assert_eq!(job_name("SomethingNew"), LEDGER_EVENT);
+    }
 }

@@ -30,7 +30,6 @@
 //!   join them with Aether's own records; [`graph`] folds both into the Marquez-shaped
 //!   lineage graph (pure), and [`index`] keeps that graph caught up for a running service,
 //!   or folds it as of a point in time.
-//! - [`UI_HTML`]: the lineage UI page served at `/ui`.
 //! - [`ledger_facet`]: the custom `aether_ledger` run facet (seq, hashes, stream, snapshot,
 //!   trace) and its JSON schema, which Aether serves.
 //!
@@ -84,7 +83,3 @@ pub use ledger_facet::{
     aether_ledger_facet_schema, aether_ledger_schema_url,
 };
 pub use run_event::{MappingContext, PRODUCER, run_id, to_run_event};
-
-/// The lineage UI: one self-contained page (no external scripts or styles) that asks for a
-/// node id and a token, calls `/api/v1/lineage` and draws the graph as layered SVG.
-pub const UI_HTML: &str = include_str!("../ui/index.html");

@@ -9,31 +9,7 @@ use serde_json::{Map, Value};
 use support::{BASE, Chain, Spec, hex_of};
 use uuid::Uuid;
 
-const EVENT_TYPES: &[&str] = &[
-    "EngineActivationRequested",
-    "EngineModelVerified",
-    "EnginePoliciesBound",
-    "CircuitBreakerRegistered",
-    "EngineActivated",
-    "EngineActivationFailed",
-    "EngineDeactivated",
-    "ModelRegistered",
-    "PolicyIngested",
-    "PolicyIngestRejected",
-    "CorpusIngested",
-    "RolloutStarted",
-    "RolloutStepped",
-    "RolloutPaused",
-    "RolloutPromoted",
-    "RolledBack",
-    "SnapshotCommitted",
-    "SnapshotAborted",
-    "ClearingDecided",
-    "NettingComputed",
-    "CheckpointSigned",
-    "RedactionApplied",
-    "AuditQueried",
-];
+use aether_lineage::job::EVENT_TYPES;
 
 /// The payload and metadata members the mapping reads, so that they are hit often.
 const KEYS: &[&str] = &[

@@ -468,15 +468,6 @@ async fn scenario(env: &[(&str, &str)]) {
         .await;
     assert_eq!(status, 400);
 
-    // The UI page is served, self-contained.
-    let ui = http().get(server.url("/ui")).send().await.unwrap();
-    assert_eq!(ui.status(), 200);
-    let page = ui.text().await.unwrap();
-    assert!(page.contains("/api/v1/lineage"));
-    assert!(
-        !page.contains("<script src"),
-        "the UI must not load scripts from elsewhere"
-    );
     assert!(server.terminate().success());
 }
 

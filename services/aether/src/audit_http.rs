@@ -99,6 +99,14 @@ pub(crate) struct Auditor {
     trace_id: String,
 }
 
+impl Auditor {
+    /// A caller whose access is recorded other than through this extractor (a console
+    /// session's sign-in, sign-out and page views).
+    pub(crate) fn new(actor: String, trace_id: String) -> Auditor {
+        Auditor { actor, trace_id }
+    }
+}
+
 impl axum::extract::FromRequestParts<AppState> for Auditor {
     type Rejection = Problem;
 
@@ -466,9 +474,17 @@ async fn state_as_of(
     .into_response())
 }
 
+/// How often the checkpointer signs (`serve --checkpoint-every-events/-secs`): a reader
+/// can tell a checkpoint that is late from one not yet due.
+#[derive(Clone, Copy, Debug)]
+pub struct CheckpointCadence {
+    pub every_events: u64,
+    pub every_secs: u64,
+}
+
 /// `GET /v1/audit/checkpoints?from_version=1&limit=100`: signed tree heads, oldest first.
 #[utoipa::path(get, path = "/v1/audit/checkpoints", tag = "audit",
-    description = "SM2-signed tree heads, oldest first. Role: regulator.",
+    description = "SM2-signed tree heads, oldest first, and the cadence they are signed at (`cadence`: after `every_events` new events, and at least every `every_secs` seconds while events arrive). Role: regulator.",
     params(("from_version" = Option<u64>, Query, description = "First checkpoint (default 1)"),
            ("limit" = Option<u64>, Query, minimum = 1, maximum = 1000, description = "Page size, 1 to 1000")),
     responses((status = 200, description = "The checkpoints and the public key", body = serde_json::Value),
@@ -476,6 +492,7 @@ async fn state_as_of(
 async fn checkpoints(
     State(state): State<AppState>,
     auditor: Auditor,
+    cadence: Option<axum::Extension<CheckpointCadence>>,
     query: Params,
 ) -> Result<Response, Problem> {
     let p = params(query, &["from_version", "limit"])?;
@@ -499,7 +516,10 @@ async fn checkpoints(
                 .map(|c| json!({ "seq": e.seq, "version": e.stream_version, "checkpoint": c }))
         })
         .collect();
-    Ok(axum::Json(json!({ "checkpoints": list })).into_response())
+    let cadence = cadence.map(
+        |axum::Extension(c)| json!({ "every_events": c.every_events, "every_secs": c.every_secs }),
+    );
+    Ok(axum::Json(json!({ "checkpoints": list, "cadence": cadence })).into_response())
 }
 
 /// `GET /v1/audit/proofs/inclusion?seq=&tree_size=` (tree size defaults to the latest

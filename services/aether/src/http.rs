@@ -42,6 +42,8 @@ pub struct AppState {
     /// Where regulators' reads go: a streaming replica (`--read-database-url`), or the
     /// ledger itself. See [`AppState::reads_through`].
     pub reads: EventStore,
+    /// Console sessions opened on this node (`/v1/session`).
+    pub sessions: crate::session::Sessions,
 }
 
 impl AppState {
@@ -76,7 +78,8 @@ pub fn router(state: AppState) -> Router {
             .merge(crate::control_http::routes())
             .merge(crate::corpus_http::routes())
             .merge(crate::snapshot_http::routes())
-            .merge(crate::cluster::routes()),
+            .merge(crate::cluster::routes())
+            .merge(crate::session::routes()),
     );
     // Rendered once: the document is fixed for the life of the process.
     let doc: Arc<str> = serde_json::to_string(&doc).unwrap_or_default().into();
@@ -99,7 +102,12 @@ pub fn router(state: AppState) -> Router {
             get(aether_ledger_facet_schema),
         )
         .merge(crate::lineage_api::routes())
+        .merge(crate::console::routes())
         .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::session::guard_csrf,
+        ))
         .layer(axum::middleware::from_fn(colour))
         .layer(axum::middleware::from_fn(refuse_nul))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -358,34 +366,52 @@ impl From<LedgerError> for Problem {
     }
 }
 
-/// Checks the bearer token and that its role is one of `allowed`.
+/// Checks the caller and that its role is one of `allowed`: the bearer token, or without
+/// one the console's session cookie (whose writes [`crate::session::guard_csrf`] checked).
 pub(crate) fn authorize(
     state: &AppState,
     headers: &HeaderMap,
     allowed: &[Role],
 ) -> Result<Caller, Problem> {
-    let value = headers
-        .get(header::AUTHORIZATION)
-        .ok_or_else(|| {
-            Problem::new(
-                StatusCode::UNAUTHORIZED,
-                "Unauthorized",
-                "missing Authorization: Bearer <token>",
-            )
-        })?
-        .to_str()
-        .unwrap_or_default();
-    let token = value.strip_prefix("Bearer ").ok_or_else(|| {
-        Problem::new(
-            StatusCode::UNAUTHORIZED,
-            "Unauthorized",
-            "Authorization must use the Bearer scheme",
-        )
-    })?;
-    let caller = state
-        .tokens
-        .caller(token.trim())
-        .ok_or_else(|| Problem::new(StatusCode::UNAUTHORIZED, "Unauthorized", "unknown token"))?;
+    let caller = match headers.get(header::AUTHORIZATION) {
+        Some(value) => {
+            let token = value
+                .to_str()
+                .unwrap_or_default()
+                .strip_prefix("Bearer ")
+                .ok_or_else(|| {
+                    Problem::new(
+                        StatusCode::UNAUTHORIZED,
+                        "Unauthorized",
+                        "Authorization must use the Bearer scheme",
+                    )
+                })?;
+            state.tokens.caller(token.trim()).ok_or_else(|| {
+                Problem::new(StatusCode::UNAUTHORIZED, "Unauthorized", "unknown token")
+            })?
+        }
+        None => match crate::session::cookie(headers) {
+            Some(id) => state
+                .sessions
+                .get(id, chrono::Utc::now())
+                .map(|s| s.caller)
+                .ok_or_else(|| {
+                    Problem::new(
+                        StatusCode::UNAUTHORIZED,
+                        "Unauthorized",
+                        "the console session has ended (signed out, expired, or opened on \
+                         another node); sign in again",
+                    )
+                })?,
+            None => {
+                return Err(Problem::new(
+                    StatusCode::UNAUTHORIZED,
+                    "Unauthorized",
+                    "missing Authorization: Bearer <token>",
+                ));
+            }
+        },
+    };
     if allowed.contains(&caller.role) {
         Ok(caller)
     } else {

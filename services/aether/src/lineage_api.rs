@@ -1,4 +1,4 @@
-//! The Marquez-compatible lineage API under `/api/v1`, and the lineage UI at `/ui`.
+//! The Marquez-compatible lineage API under `/api/v1` (the console at `/ui` draws it).
 //!
 //! `POST /api/v1/lineage` (operator) takes OpenLineage events from other producers (one
 //! event or a JSON array), validated against the 2-0-2 spec before anything is stored; the
@@ -15,8 +15,8 @@ use aether_lineage::graph::{LineageGraph, Name, run_from_events};
 use aether_lineage::index::LineageIndex;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::{Html, IntoResponse, Response};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Router};
 use chrono::{DateTime, Utc};
@@ -48,8 +48,8 @@ impl Lineage {
 
 pub fn routes() -> Router<AppState> {
     Router::new()
-        .route("/ui", get(ui))
         .route("/api/v1/lineage", get(graph).post(ingest))
+        .route("/api/v1/search", get(search))
         .route("/api/v1/namespaces", get(namespaces))
         .route(
             "/api/v1/namespaces/{namespace}/{kind}",
@@ -62,16 +62,6 @@ pub fn routes() -> Router<AppState> {
         .route("/api/v1/jobs/runs/{id}", get(run))
         .route("/api/v1/events/lineage", get(events))
         .layer(Extension(Lineage::default()))
-}
-
-/// `GET /ui`: the lineage UI (public: the page holds no data; it calls the API with the
-/// token the user pastes).
-async fn ui() -> Response {
-    (
-        [(header::CACHE_CONTROL, "no-cache")],
-        Html(aether_lineage::UI_HTML),
-    )
-        .into_response()
 }
 
 fn unavailable(e: StoreError) -> Problem {
@@ -201,6 +191,103 @@ async fn graph(
             },
         )),
     }
+}
+
+/// Marquez's default and Aether's largest number of search results.
+const SEARCH_DEFAULT_LIMIT: u64 = 10;
+const SEARCH_MAX_LIMIT: u64 = 100;
+
+/// `GET /api/v1/search?q=&filter=JOB|DATASET|RUN|EVENT_TYPE|REQUEST&sort=NAME|UPDATE_AT&limit=10`:
+/// Marquez's search (jobs and datasets whose name or namespace contains `q`) and, Aether's
+/// own, a run by its id, ledger event types by name (each with its job's node), and a
+/// clearing decision by its request id.
+async fn search(
+    State(state): State<AppState>,
+    Extension(lineage): Extension<Lineage>,
+    headers: HeaderMap,
+    query: Params,
+) -> Result<Response, Problem> {
+    use aether_lineage::graph::NodeKind;
+    authorize(&state, &headers, READERS)?;
+    let params = params(query, &["q", "filter", "sort", "limit"])?;
+    let q = params.get("q").map(|q| q.trim()).unwrap_or_default();
+    if q.is_empty() || q.len() > 256 {
+        return Err(Problem::bad_request(
+            "q is required: the text to search for, 1 to 256 bytes",
+        ));
+    }
+    let filter = params.get("filter").map(String::as_str);
+    // The kind of graph node asked for; `None` with a filter: none at all.
+    let kind = match filter {
+        None => None,
+        Some("JOB") => Some(NodeKind::Job),
+        Some("DATASET") => Some(NodeKind::Dataset),
+        Some("RUN" | "EVENT_TYPE" | "REQUEST") => None,
+        Some(other) => {
+            return Err(Problem::bad_request(format!(
+                "filter must be JOB, DATASET, RUN, EVENT_TYPE or REQUEST, got {other:?}"
+            )));
+        }
+    };
+    let newest_first = match params.get("sort").map(String::as_str) {
+        None | Some("NAME") => false,
+        Some("UPDATE_AT") => true,
+        Some(other) => {
+            return Err(Problem::bad_request(format!(
+                "sort must be NAME or UPDATE_AT, got {other:?}"
+            )));
+        }
+    };
+    let limit = bounded(&params, "limit", SEARCH_DEFAULT_LIMIT, SEARCH_MAX_LIMIT)?.max(1) as usize;
+    let wants = |name: &str| filter.is_none() || filter == Some(name);
+    let mut results = Vec::new();
+    if wants("REQUEST") {
+        let decided = state
+            .reads
+            .find_by_metadata("request_id", &[q.to_owned()], "ClearingDecided")
+            .await?;
+        results.extend(decided.iter().map(|e| {
+            json!({
+                "type": "REQUEST", "name": q, "namespace": aether_lineage::JOB_NAMESPACE,
+                "nodeId": format!("job:{}:{}", aether_lineage::JOB_NAMESPACE, aether_lineage::job::CLEARING_BATCH),
+                "updatedAt": e.recorded_at, "seq": e.seq, "requestId": q,
+            })
+        }));
+    }
+    if wants("RUN") && uuid::Uuid::parse_str(q).is_ok() {
+        let events = run_events(&state.store, q).await.map_err(unavailable)?;
+        if let Ok(Some(run)) = run_from_events(&events) {
+            let job = &run["jobVersion"];
+            let namespace = job["namespace"].as_str().unwrap_or_default();
+            results.push(json!({
+                "type": "RUN", "name": q, "namespace": namespace,
+                "nodeId": format!("job:{namespace}:{}", job["name"].as_str().unwrap_or_default()),
+                "updatedAt": run["updatedAt"], "runId": q,
+            }));
+        }
+    }
+    if wants("EVENT_TYPE") {
+        let needle = q.to_lowercase();
+        results.extend(
+            aether_lineage::job::EVENT_TYPES
+                .iter()
+                .filter(|t| t.to_lowercase().contains(&needle))
+                .map(|t| {
+                    json!({
+                        "type": "EVENT_TYPE", "name": t, "namespace": aether_lineage::JOB_NAMESPACE,
+                        "nodeId": format!("job:{}:{}", aether_lineage::JOB_NAMESPACE, aether_lineage::job_name(t)),
+                        "updatedAt": null,
+                    })
+                }),
+        );
+    }
+    if filter.is_none() || kind.is_some() {
+        let nodes = with_graph(&state, &lineage, None, |g| g.search(q, kind, newest_first)).await?;
+        results.extend(nodes);
+    }
+    let total = results.len();
+    results.truncate(limit);
+    Ok(axum::Json(json!({ "totalCount": total, "results": results })).into_response())
 }
 
 /// `GET /api/v1/namespaces`.

@@ -562,9 +562,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         merkle,
         control,
         node_id: node_id.clone().into(),
+        sessions: Default::default(),
         reads,
     };
-    let app = router(state).layer(axum::Extension(Arc::new(args.audit.audit_reveal)));
+    let app = router(state)
+        .layer(axum::Extension(Arc::new(args.audit.audit_reveal)))
+        .layer(axum::Extension(crate::audit_http::CheckpointCadence {
+            every_events: args.checkpoint_every_events.max(1),
+            every_secs: args.checkpoint_every_secs.max(1),
+        }));
     // A failure of the HTTP server still stops everything in order below.
     let limits = crate::http_server::HttpLimits {
         header_timeout: Duration::from_millis(args.http_header_timeout_ms),

@@ -233,6 +233,7 @@ mod tests {
             control,
             node_id: "test-node".into(),
             reads: store.clone(),
+            sessions: Default::default(),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await

@@ -1,0 +1,413 @@
+//! Console sessions: a person exchanges an operator or regulator token once for a session
+//! cookie, so that the token never sits in a URL, in storage a script can read, or in the
+//! page. The cookie is `HttpOnly` and `SameSite=Strict`, lives [`SESSION_TTL`], and
+//! every API route accepts it where it accepts a bearer token ([`crate::http::authorize`]).
+//! A write made with the cookie must also carry the session's CSRF token in
+//! `X-CSRF-Token` ([`guard_csrf`]): the cookie alone authorises reads only.
+//!
+//! Sessions live in this node's memory (only SM3 digests of their ids): a restart or
+//! another node of a cluster asks the person to sign in again, which fails closed. Opening
+//! and closing a session, and every page a regulator views, are recorded on
+//! `access/audit` as their API calls are.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Duration, SecondsFormat, Utc};
+use rand::RngExt;
+use serde::Deserialize;
+use serde_json::json;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::audit_http::{Auditor, record_access};
+use crate::auth::{Caller, Role};
+use crate::http::{AppState, Problem, coloured};
+
+/// The session cookie's name.
+pub const COOKIE: &str = "aether_session";
+/// The header a cookie-authenticated write must carry.
+pub const CSRF_HEADER: &str = "x-csrf-token";
+/// How long a session lasts: a working day.
+pub const SESSION_TTL: Duration = Duration::hours(8);
+/// Most sessions one node keeps; the oldest expiring is dropped first.
+const MAX_SESSIONS: usize = 10_000;
+/// Longest page path a view record takes.
+const MAX_VIEW_PATH: usize = 2048;
+
+/// One signed-in person.
+#[derive(Clone, Debug)]
+pub struct Session {
+    pub caller: Caller,
+    pub csrf: String,
+    pub expires: DateTime<Utc>,
+}
+
+/// This node's sessions, by the SM3 digest of their cookie value.
+#[derive(Clone, Default)]
+pub struct Sessions(Arc<Mutex<HashMap<[u8; 32], Session>>>);
+
+impl std::fmt::Debug for Sessions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Sessions({})", self.lock().len())
+    }
+}
+
+fn random_hex() -> String {
+    let bytes: [u8; 32] = rand::rng().random();
+    hex::encode(bytes)
+}
+
+fn digest(id: &str) -> [u8; 32] {
+    aether_ledger::hashing::sm3(id.as_bytes())
+}
+
+impl Sessions {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], Session>> {
+        // A panic elsewhere cannot leave the map half-changed: every change is one call.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Opens a session for `caller`: the cookie value and the session.
+    pub fn open(&self, caller: Caller, now: DateTime<Utc>) -> (String, Session) {
+        let id = random_hex();
+        let session = Session {
+            caller,
+            csrf: random_hex(),
+            expires: now + SESSION_TTL,
+        };
+        let mut map = self.lock();
+        map.retain(|_, s| s.expires > now);
+        if map.len() >= MAX_SESSIONS
+            && let Some(oldest) = map.iter().min_by_key(|(_, s)| s.expires).map(|(k, _)| *k)
+        {
+            map.remove(&oldest);
+        }
+        map.insert(digest(&id), session.clone());
+        (id, session)
+    }
+
+    /// The live session a cookie value names.
+    pub fn get(&self, id: &str, now: DateTime<Utc>) -> Option<Session> {
+        let key = digest(id);
+        let mut map = self.lock();
+        match map.get(&key) {
+            Some(s) if s.expires > now => Some(s.clone()),
+            Some(_) => {
+                map.remove(&key);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Ends a session; what it was, if it was live.
+    pub fn close(&self, id: &str) -> Option<Session> {
+        self.lock().remove(&digest(id))
+    }
+}
+
+/// The value of the session cookie among the request's cookies.
+pub fn cookie(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, _)| *name == COOKIE)
+        .map(|(_, value)| value.trim())
+}
+
+/// Refuses a write made with the session cookie (and no bearer token) unless it carries
+/// the session's CSRF token: `SameSite=Strict` already keeps other sites' requests from
+/// carrying the cookie; this keeps any request the page did not make from writing.
+pub async fn guard_csrf(
+    State(state): State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let safe = matches!(
+        *request.method(),
+        Method::GET | Method::HEAD | Method::OPTIONS
+    );
+    let headers = request.headers();
+    if !safe
+        && !headers.contains_key(header::AUTHORIZATION)
+        && let Some(session) = cookie(headers).and_then(|id| state.sessions.get(id, Utc::now()))
+    {
+        let presented = headers
+            .get(CSRF_HEADER)
+            .map(HeaderValue::as_bytes)
+            .unwrap_or_default();
+        if !constant_time_eq(presented, session.csrf.as_bytes()) {
+            return Problem::new(
+                StatusCode::FORBIDDEN,
+                "CSRF token missing or wrong",
+                "a write made with the console's session cookie must carry the session's \
+                 csrf_token in X-CSRF-Token (GET /v1/session gives it)",
+            )
+            .into_response();
+        }
+    }
+    next.run(request).await
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The session routes, documented (see [`crate::openapi`]).
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(open, show, close))
+        .routes(routes!(view))
+}
+
+fn described(session: &Session) -> serde_json::Value {
+    json!({
+        "role": session.caller.role,
+        "actor": session.caller.actor,
+        "expires_at": session.expires.to_rfc3339_opts(SecondsFormat::Secs, true),
+        "csrf_token": session.csrf,
+    })
+}
+
+fn set_cookie(headers: &HeaderMap, value: &str, max_age: i64) -> HeaderValue {
+    // Behind a proxy that ends TLS, the browser must never send the cookie in the clear.
+    let https = headers
+        .get("x-forwarded-proto")
+        .is_some_and(|p| p.as_bytes().eq_ignore_ascii_case(b"https"));
+    let secure = if https { "; Secure" } else { "" };
+    HeaderValue::from_str(&format!(
+        "{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}"
+    ))
+    .unwrap_or_else(|_| HeaderValue::from_static("aether_session=; Path=/; Max-Age=0"))
+}
+
+fn no_session() -> Problem {
+    Problem::new(
+        StatusCode::UNAUTHORIZED,
+        "Not signed in",
+        "no live console session: sign in with POST /v1/session",
+    )
+}
+
+/// The session the request's cookie names.
+fn current(state: &AppState, headers: &HeaderMap) -> Result<(String, Session), Problem> {
+    let id = cookie(headers).ok_or_else(no_session)?;
+    let session = state.sessions.get(id, Utc::now()).ok_or_else(no_session)?;
+    Ok((id.to_owned(), session))
+}
+
+fn auditor(caller: &Caller, parts_trace: &str) -> Auditor {
+    Auditor::new(caller.actor.clone(), parts_trace.to_owned())
+}
+
+/// `POST /v1/session`: a bearer token (operator or regulator) exchanged for a session
+/// cookie.
+#[utoipa::path(post, path = "/v1/session", tag = "console",
+    description = "Opens a console session: present an operator or regulator token as `Authorization: Bearer` once; the answer sets the `aether_session` cookie (HttpOnly, SameSite=Strict, 8 hours) that every route then accepts in place of the token, and gives the CSRF token that writes made with the cookie must carry in `X-CSRF-Token`. Recorded on `access/audit`.",
+    responses((status = 201, description = "`{role, actor, expires_at, csrf_token}`; `Set-Cookie` carries the session", body = serde_json::Value),
+              (status = 503, description = "The sign-in could not be recorded on the ledger; no session was opened")))]
+async fn open(State(state): State<AppState>, request: axum::extract::Request) -> Response {
+    let (parts, _) = request.into_parts();
+    let result = async {
+        if !parts.headers.contains_key(header::AUTHORIZATION) {
+            return Err(Problem::new(
+                StatusCode::UNAUTHORIZED,
+                "Unauthorized",
+                "sign in with Authorization: Bearer <operator or regulator token>",
+            ));
+        }
+        let caller = crate::http::authorize(
+            &state,
+            &parts.headers,
+            &[Role::Operator, Role::Regulator, Role::Worker],
+        )?;
+        if caller.role == Role::Worker {
+            return Err(Problem::new(
+                StatusCode::FORBIDDEN,
+                "Forbidden",
+                "a worker token cannot open a console session",
+            ));
+        }
+        let trace_id = coloured(&parts)?.trace_id.clone();
+        let now = Utc::now();
+        let expires = now + SESSION_TTL;
+        record_access(
+            &state,
+            &auditor(&caller, &trace_id),
+            "session.open",
+            json!({ "expires_at": expires.to_rfc3339_opts(SecondsFormat::Secs, true) }),
+        )
+        .await?;
+        let (id, session) = state.sessions.open(caller, now);
+        tracing::info!(actor = %session.caller.actor, "console session opened");
+        let cookie = set_cookie(&parts.headers, &id, SESSION_TTL.num_seconds());
+        Ok((
+            StatusCode::CREATED,
+            [(header::SET_COOKIE, cookie)],
+            [(header::CACHE_CONTROL, HeaderValue::from_static("no-store"))],
+            axum::Json(described(&session)),
+        )
+            .into_response())
+    }
+    .await;
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `GET /v1/session`: who the cookie signs in, and the CSRF token (the page keeps it in
+/// memory only and asks again after a reload).
+#[utoipa::path(get, path = "/v1/session", tag = "console",
+    description = "The console session the `aether_session` cookie names: `{role, actor, expires_at, csrf_token}`; 401 when there is none (signed out, expired, or opened on another node).",
+    responses((status = 200, description = "The session", body = serde_json::Value)))]
+async fn show(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, Problem> {
+    let (_, session) = current(&state, &headers)?;
+    Ok((
+        [(header::CACHE_CONTROL, "no-store")],
+        axum::Json(described(&session)),
+    )
+        .into_response())
+}
+
+/// `DELETE /v1/session`: signs out; the cookie is refused from then on.
+#[utoipa::path(delete, path = "/v1/session", tag = "console",
+    description = "Signs out: the session ends at once on this node (the cookie is refused from then on) and the browser is told to drop it. Needs `X-CSRF-Token`. Recorded on `access/audit`.",
+    responses((status = 204, description = "Signed out")))]
+async fn close(State(state): State<AppState>, request: axum::extract::Request) -> Response {
+    let (parts, _) = request.into_parts();
+    let result = async {
+        let (id, session) = current(&state, &parts.headers)?;
+        state.sessions.close(&id);
+        let trace_id = coloured(&parts)?.trace_id.clone();
+        // Closed first: a failed record must not leave the person signed in.
+        record_access(
+            &state,
+            &auditor(&session.caller, &trace_id),
+            "session.close",
+            json!({}),
+        )
+        .await?;
+        tracing::info!(actor = %session.caller.actor, "console session closed");
+        Ok::<_, Problem>(
+            (
+                StatusCode::NO_CONTENT,
+                [(header::SET_COOKIE, set_cookie(&parts.headers, "", 0))],
+            )
+                .into_response(),
+        )
+    }
+    .await;
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+struct PageView {
+    /// The console page viewed: a path under `/ui`, with its query.
+    path: String,
+}
+
+/// `POST /v1/session/views`: the console reports each page it shows, so that a
+/// regulator's page views are on the ledger as their API calls are.
+#[utoipa::path(post, path = "/v1/session/views", tag = "console",
+    description = "Records a console page view (`{\"path\": \"/ui/…\"}`) on `access/audit` for a regulator's session; an operator's views are not recorded. Needs the session cookie and `X-CSRF-Token`.",
+    request_body = PageView,
+    responses((status = 204, description = "Recorded"),
+              (status = 422, description = "Not a console page path")))]
+async fn view(State(state): State<AppState>, request: axum::extract::Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let result = async {
+        let (_, session) = current(&state, &parts.headers)?;
+        let body: Bytes = axum::body::to_bytes(body, MAX_VIEW_PATH * 2)
+            .await
+            .map_err(|_| Problem::bad_request("the body is larger than a page view"))?;
+        let page: PageView = crate::control_http::json_body(&body, "page view")?;
+        if !(page.path == "/ui" || page.path.starts_with("/ui/") || page.path.starts_with("/ui?"))
+            || page.path.len() > MAX_VIEW_PATH
+        {
+            return Err(Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Invalid request",
+                format!("path must be a console page under /ui, at most {MAX_VIEW_PATH} bytes"),
+            ));
+        }
+        if session.caller.role == Role::Regulator {
+            let trace_id = coloured(&parts)?.trace_id.clone();
+            record_access(
+                &state,
+                &auditor(&session.caller, &trace_id),
+                "page_view",
+                json!({ "path": page.path }),
+            )
+            .await?;
+        }
+        Ok::<_, Problem>(StatusCode::NO_CONTENT.into_response())
+    }
+    .await;
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caller() -> Caller {
+        Caller {
+            role: Role::Regulator,
+            actor: "regulator:00000000".into(),
+        }
+    }
+
+    #[test]
+    fn a_session_lives_until_it_expires_or_is_closed() {
+        let sessions = Sessions::default();
+        let now = Utc::now();
+        let (id, session) = sessions.open(caller(), now);
+        assert_eq!(id.len(), 64);
+        assert_ne!(session.csrf, id);
+        assert!(sessions.get(&id, now).is_some());
+        assert!(sessions.get("not-a-session", now).is_none());
+        assert!(sessions.get(&id, now + SESSION_TTL).is_none(), "expired");
+        assert!(
+            sessions.get(&id, now).is_none(),
+            "an expired session is dropped"
+        );
+        let (id, _) = sessions.open(caller(), now);
+        assert!(sessions.close(&id).is_some());
+        assert!(sessions.get(&id, now).is_none());
+    }
+
+    #[test]
+    fn the_cookie_is_found_among_others() {
+        let mut headers = HeaderMap::new();
+        headers.append(header::COOKIE, HeaderValue::from_static("a=1; b=2"));
+        assert_eq!(cookie(&headers), None);
+        headers.append(
+            header::COOKIE,
+            HeaderValue::from_static("theme=dark; aether_session=abc ; x=y"),
+        );
+        assert_eq!(cookie(&headers), Some("abc"));
+    }
+
+    #[test]
+    fn the_cookie_is_private_and_secure_behind_tls() {
+        let plain = set_cookie(&HeaderMap::new(), "v", 60);
+        let plain = plain.to_str().expect("ascii");
+        assert!(plain.contains("HttpOnly") && plain.contains("SameSite=Strict"));
+        assert!(!plain.contains("Secure"));
+        let mut proxied = HeaderMap::new();
+        proxied.insert("x-forwarded-proto", HeaderValue::from_static("https"));
+        assert!(
+            set_cookie(&proxied, "v", 60)
+                .to_str()
+                .expect("ascii")
+                .ends_with("; Secure")
+        );
+    }
+}
