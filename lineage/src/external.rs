@@ -247,6 +247,56 @@ pub async fn run_events(store: &EventStore, run_id: &str) -> Result<Vec<String>,
     Ok(out)
 }
 
+/// The ids of a job's runs (Aether's records, then external events), newest first, skipping
+/// `offset`, at most `limit`. Aether's jobs are all in [`crate::JOB_NAMESPACE`]; only an
+/// engine activation's run spans several records, so a few more rows than asked are read.
+pub async fn job_runs(
+    store: &EventStore,
+    namespace: &str,
+    job: &str,
+    offset: u32,
+    limit: u32,
+) -> Result<Vec<String>, StoreError> {
+    let wanted = offset.saturating_add(limit) as usize;
+    let mut runs: Vec<String> = Vec::with_capacity(wanted);
+    let mut push = |id: String| {
+        if !runs.contains(&id) {
+            runs.push(id);
+        }
+    };
+    if namespace == crate::JOB_NAMESPACE {
+        let rows = i64::try_from(wanted.saturating_mul(4).max(16)).unwrap_or(i64::MAX);
+        let own: Vec<uuid::Uuid> = either_pool!(store, |pool, _time, _postgres| {
+            sqlx::query_scalar(
+                "SELECT run_id FROM lineage_records WHERE job = $1 ORDER BY seq DESC LIMIT $2",
+            )
+            .bind(job)
+            .bind(rows)
+            .fetch_all(pool)
+            .await?
+        });
+        own.into_iter().for_each(|id| push(id.to_string()));
+    }
+    let external: Vec<String> = either_pool!(store, |pool, _time, _postgres| {
+        sqlx::query_scalar(
+            "SELECT run_id FROM external_lineage_events \
+             WHERE job_namespace = $1 AND job_name = $2 AND run_id IS NOT NULL \
+             GROUP BY run_id ORDER BY MAX(id) DESC LIMIT $3",
+        )
+        .bind(namespace)
+        .bind(job)
+        .bind(i64::try_from(wanted).unwrap_or(i64::MAX))
+        .fetch_all(pool)
+        .await?
+    });
+    external.into_iter().for_each(&mut push);
+    Ok(runs
+        .into_iter()
+        .skip(offset as usize)
+        .take(limit as usize)
+        .collect())
+}
+
 /// `GET /api/v1/events/lineage`: stored events (Aether's and external) with an eventTime
 /// after `after`, oldest first, skipping the first `offset`, at most `limit`. Many events
 /// share one time (a group commit records a batch at one instant), so a client pages with

@@ -555,6 +555,15 @@ impl LineageGraph {
             .collect()
     }
 
+    /// One job or dataset in Marquez's shape (`GET /api/v1/namespaces/{ns}/jobs/{job}`,
+    /// `.../datasets/{dataset}`); `None` when there is no such node.
+    pub fn node_json(&self, kind: NodeKind, name: &Name) -> Option<Value> {
+        match kind {
+            NodeKind::Job => self.job_json(name),
+            NodeKind::Dataset => self.dataset_json(name),
+        }
+    }
+
     /// The jobs of a namespace, in Marquez's shape, by name.
     pub fn jobs(&self, namespace: &str) -> Vec<Value> {
         in_namespace(&self.jobs, namespace, |n| self.job_json(n))

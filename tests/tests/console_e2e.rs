@@ -357,6 +357,41 @@ async fn search_finds_nodes_event_types_and_runs_and_the_page_is_served() {
     assert_eq!(runs["results"][0]["type"], "RUN", "{runs}");
     assert_eq!(runs["results"][0]["nodeId"], "job:aether:policy.ingest");
 
+    // The job's page: the job itself and its runs, each naming the ledger events behind it.
+    let read = |path: String| {
+        let server = &server;
+        async move {
+            let resp = http()
+                .get(server.url(&path))
+                .bearer_auth(REGULATOR_TOKEN)
+                .send()
+                .await
+                .unwrap();
+            let status = resp.status().as_u16();
+            (status, resp.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let (status, job) = read("/api/v1/namespaces/aether/jobs/policy.ingest".into()).await;
+    assert_eq!(status, 200, "{job}");
+    assert_eq!(job["name"], "policy.ingest");
+    let (status, runs) = read("/api/v1/namespaces/aether/jobs/policy.ingest/runs".into()).await;
+    assert_eq!(status, 200, "{runs}");
+    let first = &runs["runs"][0];
+    assert_eq!(first["id"], run_id.as_str(), "{runs}");
+    assert!(
+        first["facets"]["aether_ledger"]["seq"].as_u64().is_some(),
+        "{first}"
+    );
+    for missing in [
+        "/api/v1/namespaces/aether/jobs/no.such.job",
+        "/api/v1/namespaces/aether/widgets/x",
+    ] {
+        let (status, _) = read(missing.into()).await;
+        assert_eq!(status, 404, "{missing}");
+    }
+    let (_, none) = read("/api/v1/namespaces/aether/jobs/no.such.job/runs".into()).await;
+    assert_eq!(none["runs"], json!([]));
+
     for (query, why) in [
         (vec![("q", String::new())], "empty q"),
         (

@@ -59,6 +59,11 @@ pub fn routes() -> Router<AppState> {
             "/api/v1/namespaces/{namespace}/datasets/{dataset}/versions",
             get(dataset_versions),
         )
+        .route("/api/v1/namespaces/{namespace}/{kind}/{name}", get(node))
+        .route(
+            "/api/v1/namespaces/{namespace}/jobs/{job}/runs",
+            get(job_runs),
+        )
         .route("/api/v1/jobs/runs/{id}", get(run))
         .route("/api/v1/events/lineage", get(events))
         .layer(Extension(Lineage::default()))
@@ -325,11 +330,7 @@ async fn namespace_nodes(
             let list = |g: &LineageGraph| g.datasets(&namespace);
             namespace_page(&state, &lineage, &headers, query, "datasets", list).await
         }
-        _ => Err(Problem::new(
-            StatusCode::NOT_FOUND,
-            "Not found",
-            "no such resource",
-        )),
+        _ => Err(not_found()),
     }
 }
 
@@ -373,6 +374,79 @@ async fn dataset_versions(
     }
 }
 
+/// `GET /api/v1/namespaces/{namespace}/jobs/{job}` and `.../datasets/{dataset}`: one node.
+async fn node(
+    State(state): State<AppState>,
+    Extension(lineage): Extension<Lineage>,
+    headers: HeaderMap,
+    Path((namespace, kind, name)): Path<(String, String, String)>,
+) -> Result<Response, Problem> {
+    use aether_lineage::graph::NodeKind;
+    authorize(&state, &headers, READERS)?;
+    let kind = match kind.as_str() {
+        "jobs" => NodeKind::Job,
+        "datasets" => NodeKind::Dataset,
+        _ => return Err(not_found()),
+    };
+    let name = Name { namespace, name };
+    let found = with_graph(&state, &lineage, None, |g| g.node_json(kind, &name)).await?;
+    found.map(|n| axum::Json(n).into_response()).ok_or_else(|| {
+        Problem::new(
+            StatusCode::NOT_FOUND,
+            "No such node",
+            format!(
+                "no {} {} in namespace {}",
+                if kind == NodeKind::Job {
+                    "job"
+                } else {
+                    "dataset"
+                },
+                name.name,
+                name.namespace
+            ),
+        )
+    })
+}
+
+/// `GET /api/v1/namespaces/{namespace}/jobs/{job}/runs?limit=&offset=`: the job's runs in
+/// Marquez's shape, newest first (each with its facets, `aether_ledger` naming the ledger
+/// events behind it).
+async fn job_runs(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path((namespace, job)): Path<(String, String)>,
+    query: Params,
+) -> Result<Response, Problem> {
+    authorize(&state, &headers, READERS)?;
+    let params = params(query, &["limit", "offset"])?;
+    let limit = bounded(&params, "limit", 20, MAX_LIMIT)?.max(1) as u32;
+    let offset = bounded(&params, "offset", 0, MAX_OFFSET)? as u32;
+    let ids = aether_lineage::external::job_runs(&state.store, &namespace, &job, offset, limit)
+        .await
+        .map_err(unavailable)?;
+    let mut runs = Vec::with_capacity(ids.len());
+    for id in ids {
+        let events = run_events(&state.store, &id).await.map_err(unavailable)?;
+        if let Some(run) = run_from_events(&events).map_err(|e| unreadable(&id, e))? {
+            runs.push(run);
+        }
+    }
+    Ok(axum::Json(json!({ "runs": runs })).into_response())
+}
+
+fn not_found() -> Problem {
+    Problem::new(StatusCode::NOT_FOUND, "Not found", "no such resource")
+}
+
+fn unreadable(run: &str, e: aether_lineage::graph::GraphError) -> Problem {
+    tracing::error!(run = %run, error = %e, "a stored lineage event is unreadable");
+    Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "Unreadable lineage event",
+        "a stored event of this run could not be read; see the server log",
+    )
+}
+
 /// `GET /api/v1/jobs/runs/{id}`: one run from all of its events.
 async fn run(
     State(state): State<AppState>,
@@ -381,14 +455,7 @@ async fn run(
 ) -> Result<Response, Problem> {
     authorize(&state, &headers, READERS)?;
     let events = run_events(&state.store, &id).await.map_err(unavailable)?;
-    let run = run_from_events(&events).map_err(|e| {
-        tracing::error!(run = %id, error = %e, "a stored lineage event is unreadable");
-        Problem::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "Unreadable lineage event",
-            "a stored event of this run could not be read; see the server log",
-        )
-    })?;
+    let run = run_from_events(&events).map_err(|e| unreadable(&id, e))?;
     run.map(|r| axum::Json(r).into_response()).ok_or_else(|| {
         Problem::new(
             StatusCode::NOT_FOUND,
