@@ -54,6 +54,8 @@
 //! | policy | `aether://policy` / name | `digest` or `policy_digest` |
 //! | model | `aether://model` / ref (e.g. `finmoe-7b-v3@sgp-region`) | `model_digest` (engine and registration events: or `digest`) |
 //! | corpus | `aether://corpus` / name | `corpus_version` or `digest` |
+//! | snapshots | `aether://snapshot` / `snapshots` | the snapshot id |
+//! | snapshot participants | `aether://snapshot` / `gateway-routing`, `rule-engine`, `rag-index` | the participant's digest |
 //! | ledger events | `delta` / `events` | [`MappingContext::delta_version`] |
 //! | clearing decisions | `delta` / `clearing_decisions` | [`MappingContext::clearing_decisions_version`] |
 //! | model artifact | from its URI, by OpenLineage's naming rules | the model's `digest` |
@@ -66,7 +68,12 @@
 //! policy (`name`, else the stream `policy/{name}`), `PolicyIngestRejected` names the policy
 //! it tried without a version; `CorpusIngested` writes the corpus (`name`, else the stream
 //! `corpus/{name}`); rollout events read their `baseline` and `candidate` models;
-//! `ClearingDecided` reads its model and writes `delta/clearing_decisions`. A payload field
+//! `ClearingDecided` reads its model and writes `delta/clearing_decisions`;
+//! `SnapshotCommitted` reads the three participants it pins (`aether://snapshot` /
+//! `gateway-routing`, `rule-engine`, `rag-index`, each versioned by its digest) and writes
+//! `aether://snapshot` / `snapshots` (versioned by the snapshot id); `RolledBack` reads the
+//! snapshot it restored (`target_snapshot`) and writes the participants at the digests it
+//! restored, so a rollback is drawn with what it went back to. A payload field
 //! that is missing or not a string (numbers are taken as their text) leaves its dataset or
 //! version out; it never fails the mapping.
 
@@ -110,6 +117,16 @@ pub const POLICY_NAMESPACE: &str = "aether://policy";
 pub const MODEL_NAMESPACE: &str = "aether://model";
 /// Namespace of corpus datasets (`aether://corpus/{name}`).
 pub const CORPUS_NAMESPACE: &str = "aether://corpus";
+/// Namespace of the consistent snapshots and of the three participants they pin.
+pub const SNAPSHOT_NAMESPACE: &str = "aether://snapshot";
+/// The snapshots, one version per committed snapshot (its id).
+pub const SNAPSHOTS: &str = "snapshots";
+/// The participants of a snapshot: dataset name and the payload member holding its digest.
+const PARTICIPANTS: [(&str, &str); 3] = [
+    ("gateway-routing", "gateway_digest"),
+    ("rule-engine", "rules_digest"),
+    ("rag-index", "rag_digest"),
+];
 
 /// Standard facets used, as paths under `https://openlineage.io/spec/facets/`.
 const PARENT_FACET: &str = "1-2-0/ParentRunFacet.json#/$defs/ParentRunFacet";
@@ -270,17 +287,23 @@ const READ_MEMBERS: &[&str] = &[
     "correlation_id",
     "digest",
     "error",
+    "gateway_digest",
     "hooks",
+    "id",
     "message",
     "model_digest",
     "model_ref",
     "name",
     "policy_digest",
     "policy_hooks",
+    "rag_digest",
     "reason",
     "ref",
+    "restored",
     "rollout_event_id",
+    "rules_digest",
     "snapshot_id",
+    "target_snapshot",
     "trace_id",
     "traceparent",
     "uri",
@@ -507,6 +530,18 @@ fn datasets(
             inputs.extend(model_at(payload, "baseline", &[]));
             inputs.extend(model_at(payload, "candidate", &[]));
         }
+        "SnapshotCommitted" => {
+            inputs.extend(participants(payload));
+            let id = first_text(payload, &["id", "snapshot_id"]);
+            outputs.push(dataset(SNAPSHOT_NAMESPACE, SNAPSHOTS.to_owned(), id));
+        }
+        "RolledBack" => {
+            let target = first_text(payload, &["target_snapshot", "snapshot_id"]);
+            inputs.push(dataset(SNAPSHOT_NAMESPACE, SNAPSHOTS.to_owned(), target));
+            if let Some(Value::Object(restored)) = member(payload, "restored") {
+                outputs.extend(participants(restored));
+            }
+        }
         "ClearingDecided" => {
             inputs.extend(model_at(payload, "model_ref", &["model_digest"]));
             outputs.push(dataset(
@@ -562,6 +597,13 @@ fn model_at(payload: &Map<String, Value>, key: &str, digest_keys: &[&str]) -> Op
             Some(dataset(MODEL_NAMESPACE, text(value)?, digest))
         }
     }
+}
+
+/// The snapshot participants whose digests `members` names, each versioned by its digest.
+fn participants(members: &Map<String, Value>) -> impl Iterator<Item = Dataset> + '_ {
+    PARTICIPANTS.iter().filter_map(|(name, key)| {
+        text_at(members, key).map(|d| dataset(SNAPSHOT_NAMESPACE, (*name).to_owned(), Some(d)))
+    })
 }
 
 /// A policy hook: a policy name, or an object `{name, digest | policy_digest}`.

@@ -13,6 +13,9 @@ use aether_lineage::job::EVENT_TYPES;
 
 /// The payload and metadata members the mapping reads, so that they are hit often.
 const KEYS: &[&str] = &[
+    "target_snapshot",
+    "restored",
+    "rules_digest",
     "model_ref",
     "ref",
     "model_digest",

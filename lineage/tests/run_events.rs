@@ -328,6 +328,7 @@ impl Day {
                 "reason": "error rate 0.03 above 0.01",
                 "metrics": { "error_rate": 0.03 },
                 "target_snapshot": "snap-0007",
+                "restored": { "gateway_digest": digest("routes"), "rules_digest": digest("rules"), "rag_digest": null },
             }),
             json!({ "actor": "role:7f3a19c2", "snapshot_id": "snap-0007" }),
         );
@@ -870,6 +871,41 @@ fn datasets_carry_digests_as_versions() {
             .as_str()
             .unwrap()
             .contains("undeclared reference")
+    );
+
+    // A snapshot pins its participants' versions; a rollback reads the snapshot it went
+    // back to and writes the participants it restored, at their digests.
+    let v = json_of(day.first("SnapshotCommitted"), &ctx());
+    assert_eq!(
+        version_of(dataset(&v, "outputs", "aether://snapshot", "snapshots")),
+        Some("snap-0007")
+    );
+    for (name, of) in [
+        ("gateway-routing", "routes"),
+        ("rule-engine", "rules"),
+        ("rag-index", "mas-notices 2026-11"),
+    ] {
+        assert_eq!(
+            version_of(dataset(&v, "inputs", "aether://snapshot", name)),
+            Some(digest(of).as_str())
+        );
+    }
+    let v = json_of(day.first("RolledBack"), &ctx());
+    assert_eq!(
+        version_of(dataset(&v, "inputs", "aether://snapshot", "snapshots")),
+        Some("snap-0007")
+    );
+    assert_eq!(
+        version_of(dataset(&v, "outputs", "aether://snapshot", "rule-engine")),
+        Some(digest("rules").as_str())
+    );
+    assert!(
+        v["outputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|d| d["name"] != "rag-index"),
+        "a participant the rollback did not restore is not written: {v}"
     );
 
     let v = json_of(day.first("CorpusIngested"), &ctx());
