@@ -11,6 +11,9 @@
 #         and removed when this script exits.
 # 2. cargo fmt --check, cargo clippy -D warnings, then all workspace tests
 #    (cargo-nextest when installed, plain cargo test otherwise).
+# 3. The console (console/web, Node.js 20+ and npm): npm ci, a fresh build that must equal
+#    the committed console/dist, svelte-check, its unit tests, and its browser test in
+#    Debian's Chromium (installed with apt-get when missing; CHROMIUM names another).
 #
 # Also installs the S3-compatible server the object-storage tests start (s3s-fs, from
 # crates.io, once, under ~/.cache/aether/tools) unless AETHER_S3S_FS names one.
@@ -273,6 +276,38 @@ else
     rm -f "$log"
     [ "$status" -eq 0 ] || exit "$status"
 fi
+
+step "the console: its committed build, its unit tests, and Chromium (console/web)"
+# Node.js and npm are needed here only: the service embeds the committed console/dist, so
+# `cargo run -- serve` needs neither. Chromium is Debian's, installed when missing.
+command -v npm >/dev/null 2>&1 || die "npm not found: the console's tests need Node.js 20+ and npm"
+if [[ -z "${CHROMIUM:-}" ]]; then
+    CHROMIUM=$(command -v chromium || command -v chromium-browser || true)
+    if [[ -z "$CHROMIUM" ]]; then
+        command -v apt-get >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]] ||
+            die "Chromium not found: install Debian's chromium (or set CHROMIUM to a Chromium binary)"
+        info "installing Debian's chromium (once)"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 || {
+            apt-get update -q >/dev/null 2>&1
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null
+        } || die "cannot install Debian's chromium"
+        CHROMIUM=$(command -v chromium)
+    fi
+fi
+export CHROMIUM
+info "CHROMIUM=$CHROMIUM ($("$CHROMIUM" --version 2>/dev/null || echo 'version unknown'))"
+npm ci --prefix console/web --no-audit --no-fund --loglevel=error
+# The committed build must be what its sources build to: the binary embeds it.
+npm run --prefix console/web --silent build >/dev/null
+if [[ -n "$(git status --porcelain -- console/dist 2>/dev/null)" ]]; then
+    git status --short -- console/dist >&2
+    die "console/dist differs from a fresh build of console/web: run 'npm run --prefix console/web build' and commit console/dist"
+fi
+npm run --prefix console/web --silent check
+npm run --prefix console/web --silent test
+AETHER_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/aether" \
+    CONSOLE_ARTIFACTS="${CONSOLE_ARTIFACTS:-${CARGO_TARGET_DIR:-$PWD/target}/console-artifacts}" \
+    npm run --prefix console/web --silent e2e
 
 if [[ "$LONG" == 1 ]]; then
     step "the long chaos run: 3 nodes, 120 s, a SIGKILL every 10 s"

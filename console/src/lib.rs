@@ -51,15 +51,16 @@ impl Asset {
     }
 }
 
-/// What `/ui/<path>` answers: the file at `path`, or the page for a route (a path whose
-/// last segment has no extension); `None` for a missing file.
+/// What `/ui/<path>` answers: the file at `path`, else the page (a route: a decision's
+/// request id may hold a dot), except under `assets/`, where a missing file is `None`: a
+/// stale page asking for an old build's script must fail, not get HTML.
 pub fn lookup(path: &str) -> Option<Asset> {
     let path = path.trim_start_matches('/');
-    let last = path.rsplit('/').next().unwrap_or_default();
-    if path.is_empty() || !last.contains('.') {
-        return file(INDEX);
+    match file(path) {
+        Some(found) => Some(found),
+        None if path.starts_with("assets/") => None,
+        None => file(INDEX),
     }
-    file(path)
 }
 
 fn file(path: &str) -> Option<Asset> {
@@ -131,8 +132,8 @@ mod tests {
         assert!(!page.immutable);
         assert_eq!(lookup("lineage").expect("a route").path, INDEX);
         assert_eq!(lookup("decisions/req-1").expect("a route").path, INDEX);
+        assert_eq!(lookup("decisions/req.2026.1").expect("a route").path, INDEX);
         assert!(lookup("assets/missing.js").is_none());
-        assert!(lookup("favicon-missing.ico").is_none());
         for f in files() {
             let found = lookup(f.path).expect("every file is found at its path");
             assert_eq!(found.bytes, f.bytes);

@@ -1122,6 +1122,17 @@ async fn the_rollout_controller_decides_on_every_nodes_traffic() {
         ]
     );
     assert_eq!(analysis["significance"]["alpha"], 0.05);
+    // Each check carries the golden metrics and risk its outcomes recorded (the rollout
+    // board reads them from here, operators included).
+    let conclusive: Vec<&Value> = listed
+        .iter()
+        .filter(|c| c.get("significance").is_some())
+        .collect();
+    assert!(!conclusive.is_empty(), "{analysis}");
+    for check in conclusive {
+        assert!(check["metrics"].is_object(), "no metrics in {check}");
+        assert!(check["risk"].is_object(), "no risk in {check}");
+    }
     assert!(
         checks
             .iter()

@@ -425,7 +425,7 @@ async fn search_finds_nodes_event_types_and_runs_and_the_page_is_served() {
     // The page: any console route loads it, under a strict content security policy; a
     // missing asset is a 404 problem, not the page.
     let mut scripts = Vec::new();
-    for path in ["/ui", "/ui/", "/ui/lineage", "/ui/decisions/req-1"] {
+    for path in ["/ui", "/ui/", "/ui/lineage", "/ui/decisions/req.with.dots"] {
         let resp = http().get(server.url(path)).send().await.unwrap();
         assert_eq!(resp.status(), 200, "{path}");
         let csp = resp.headers()["content-security-policy"]

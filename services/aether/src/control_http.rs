@@ -5,6 +5,7 @@ use aether_control::{
     ActivationRequest, Command, EngineError, IngestError, ModelError, ModelSpec, RolloutError,
     RolloutRequest,
 };
+use aether_ledger::RecordedEvent;
 use aether_rules::{PolicyError, PolicyFormat};
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -218,7 +219,7 @@ const ANALYSIS_PAGES: usize = 20;
     description = "The rollout's newest analysis checks (newest first), each with its window, step, evidence and the A/B significance of the candidate against the baseline (Wilcoxon signed-rank and Cliff's delta per golden metric over the paired windows; ANALYSIS.md); `significance` is the newest conclusive check's. Role: operator or regulator.",
     params(("id" = String, Path, description = "Rollout id"),
            ("limit" = Option<u64>, Query, minimum = 1, maximum = 100, description = "Checks to return, 1 to 100 (default 20)")),
-    responses((status = 200, description = "`{rollout, checks: [{seq, window_start, window_end, step, gate, weight, evidence?, significance?}], significance}`", body = serde_json::Value),
+    responses((status = 200, description = "`{rollout, checks: [{seq, window_start, window_end, step, gate, weight, evidence?, significance?, metrics?, risk?, missing?, drift?: {tier, response, score, composite_score}}], significance}`: `metrics` (the golden metrics of the window) and `risk` from the check's `RolloutAssessed` (or `metrics` and `missing` from its `AnalysisInconclusive`), `drift` from its `DriftAssessed`", body = serde_json::Value),
               (status = 400, description = "A malformed parameter or one out of its range"),
               (status = 404, description = "No such rollout")))]
 async fn rollout_analysis(
@@ -241,16 +242,11 @@ async fn rollout_analysis(
         .get(&id)
         .ok_or_else(|| no_rollout(&id))?;
     let stream = aether_control::rollout_controller::stream(&id);
-    let checks: Vec<serde_json::Value> = newest_of_type(
-        &state.reads,
-        &stream,
-        aether_control::rollout_controller::CHECKED,
-        limit as usize,
-    )
-    .await?
-    .iter()
-    .map(check_summary)
-    .collect();
+    let checks: Vec<serde_json::Value> = newest_checks(&state.reads, &stream, limit as usize)
+        .await?
+        .iter()
+        .map(|(check, outcomes)| check_summary(check, outcomes))
+        .collect();
     let significance = checks
         .iter()
         .find_map(|c| c.get("significance").cloned())
@@ -341,15 +337,13 @@ async fn close_review(
     Ok(axum::Json(json!({ "rollout": rollout, "event": event })).into_response())
 }
 
-/// The newest `limit` events of `event_type` on `stream`, newest first, reading back at
-/// most [`ANALYSIS_PAGES`] pages.
-async fn newest_of_type(
+/// Reads `stream` newest first, a page at a time, at most [`ANALYSIS_PAGES`] pages, while
+/// `visit` asks for more.
+async fn walk_back(
     store: &aether_ledger::EventStore,
     stream: &str,
-    event_type: &str,
-    limit: usize,
-) -> Result<Vec<aether_ledger::RecordedEvent>, Problem> {
-    let mut found = Vec::new();
+    mut visit: impl FnMut(&RecordedEvent) -> bool,
+) -> Result<(), Problem> {
     let mut before = u64::MAX;
     for _ in 0..ANALYSIS_PAGES {
         let page = store
@@ -360,24 +354,69 @@ async fn newest_of_type(
                 ANALYSIS_PAGE,
             )
             .await?;
-        found.extend(
-            page.iter()
-                .filter(|e| e.event_type == event_type)
-                .take(limit - found.len())
-                .cloned(),
-        );
-        match page.last() {
-            Some(last) if found.len() < limit && last.stream_version > 1 => {
-                before = last.stream_version - 1;
+        for event in &page {
+            if !visit(event) {
+                return Ok(());
             }
+        }
+        match page.last() {
+            Some(last) if last.stream_version > 1 => before = last.stream_version - 1,
             _ => break,
         }
     }
+    Ok(())
+}
+
+/// The newest `limit` events of `event_type` on `stream`, newest first.
+async fn newest_of_type(
+    store: &aether_ledger::EventStore,
+    stream: &str,
+    event_type: &str,
+    limit: usize,
+) -> Result<Vec<RecordedEvent>, Problem> {
+    let mut found = Vec::new();
+    walk_back(store, stream, |event| {
+        if event.event_type == event_type {
+            found.push(event.clone());
+        }
+        found.len() < limit
+    })
+    .await?;
     Ok(found)
 }
 
-/// A `RolloutChecked` without the analyzer's internals (its state's samples).
-fn check_summary(event: &aether_ledger::RecordedEvent) -> serde_json::Value {
+/// The newest `limit` checks on `stream`, newest first, each with the outcomes recorded
+/// with it (`RolloutAssessed`, `AnalysisInconclusive`, `DriftAssessed`: a check appends its
+/// outcomes and then its `RolloutChecked` in one append, so they are the events just before
+/// it).
+async fn newest_checks(
+    store: &aether_ledger::EventStore,
+    stream: &str,
+    limit: usize,
+) -> Result<Vec<(RecordedEvent, Vec<RecordedEvent>)>, Problem> {
+    use aether_control::rollout_controller::{ASSESSED, CHECKED, DRIFT_ASSESSED, INCONCLUSIVE};
+    let mut checks: Vec<(RecordedEvent, Vec<RecordedEvent>)> = Vec::new();
+    walk_back(store, stream, |event| {
+        if event.event_type == CHECKED {
+            // One check more than asked bounds the outcomes of the last one asked.
+            if checks.len() == limit {
+                return false;
+            }
+            checks.push((event.clone(), Vec::new()));
+        } else if [ASSESSED, INCONCLUSIVE, DRIFT_ASSESSED].contains(&event.event_type.as_str())
+            && let Some((_, outcomes)) = checks.last_mut()
+        {
+            outcomes.push(event.clone());
+        }
+        true
+    })
+    .await?;
+    Ok(checks)
+}
+
+/// A `RolloutChecked` without the analyzer's internals (its state's samples), with the
+/// golden metrics, risk and drift its outcomes recorded.
+fn check_summary(event: &RecordedEvent, outcomes: &[RecordedEvent]) -> serde_json::Value {
     let p: serde_json::Value =
         serde_json::from_str(event.payload.get()).unwrap_or(serde_json::Value::Null);
     let mut summary = json!({
@@ -393,6 +432,24 @@ fn check_summary(event: &aether_ledger::RecordedEvent) -> serde_json::Value {
     for member in ["evidence", "significance"] {
         if let Some(v) = p.get(member) {
             summary[member] = v.clone();
+        }
+    }
+    for outcome in outcomes {
+        let o: serde_json::Value =
+            serde_json::from_str(outcome.payload.get()).unwrap_or(serde_json::Value::Null);
+        if outcome.event_type == aether_control::rollout_controller::DRIFT_ASSESSED {
+            summary["drift"] = json!({
+                "tier": o["tier"],
+                "response": o["response"],
+                "score": o["report"]["score"],
+                "composite_score": o["report"]["composite"]["score"],
+            });
+        } else {
+            for member in ["metrics", "risk", "missing"] {
+                if let Some(v) = o.get(member) {
+                    summary[member] = v.clone();
+                }
+            }
         }
     }
     summary
