@@ -123,6 +123,20 @@ async fn a_console_session_reads_writes_with_csrf_is_recorded_and_ends() {
     let (status, _) = get(&server, "/v1/session", "aether_session=forged").await;
     assert_eq!(status, 401);
 
+    // With a bearer token, `GET /v1/session` says who the token is (no session, no CSRF
+    // token), and there is no session to end.
+    let who: Value = http()
+        .get(server.url("/v1/session"))
+        .bearer_auth(REGULATOR_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(who["role"], "regulator");
+    assert!(who.get("csrf_token").is_none(), "{who}");
+
     // The regulator signs in; the cookie reads what the token reads.
     let regulator = sign_in(&server, REGULATOR_TOKEN).await;
     assert_eq!(regulator.body["role"], "regulator");

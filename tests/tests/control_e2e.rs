@@ -873,6 +873,7 @@ async fn the_openapi_document_matches_the_routes() {
             let request = match method.as_str() {
                 "get" => http().get(&url),
                 "post" => http().post(&url).json(&serde_json::json!({})),
+                "delete" => http().delete(&url),
                 other => panic!("unexpected method {other} on {path}"),
             };
             let resp = request.send().await.unwrap();
@@ -955,6 +956,7 @@ async fn every_operation_admits_exactly_the_roles_it_documents() {
             for (caller, token) in callers {
                 let mut request = match method.as_str() {
                     "get" => http().get(server.url(&concrete)),
+                    "delete" => http().delete(server.url(&concrete)),
                     _ => http()
                         .post(server.url(&concrete))
                         .json(&serde_json::json!({})),

@@ -211,7 +211,7 @@ fn auditor(caller: &Caller, parts_trace: &str) -> Auditor {
 /// `POST /v1/session`: a bearer token (operator or regulator) exchanged for a session
 /// cookie.
 #[utoipa::path(post, path = "/v1/session", tag = "console",
-    description = "Opens a console session: present an operator or regulator token as `Authorization: Bearer` once; the answer sets the `aether_session` cookie (HttpOnly, SameSite=Strict, 8 hours) that every route then accepts in place of the token, and gives the CSRF token that writes made with the cookie must carry in `X-CSRF-Token`. Recorded on `access/audit`.",
+    description = "Opens a console session. Role: operator or regulator. Present the token as `Authorization: Bearer` once; the answer sets the `aether_session` cookie (HttpOnly, SameSite=Strict, 8 hours) that every route then accepts in place of the token, and gives the CSRF token that writes made with the cookie must carry in `X-CSRF-Token`. Recorded on `access/audit`.",
     responses((status = 201, description = "`{role, actor, expires_at, csrf_token}`; `Set-Cookie` carries the session", body = serde_json::Value),
               (status = 503, description = "The sign-in could not be recorded on the ledger; no session was opened")))]
 async fn open(State(state): State<AppState>, request: axum::extract::Request) -> Response {
@@ -264,24 +264,30 @@ async fn open(State(state): State<AppState>, request: axum::extract::Request) ->
 /// `GET /v1/session`: who the cookie signs in, and the CSRF token (the page keeps it in
 /// memory only and asks again after a reload).
 #[utoipa::path(get, path = "/v1/session", tag = "console",
-    description = "The console session the `aether_session` cookie names: `{role, actor, expires_at, csrf_token}`; 401 when there is none (signed out, expired, or opened on another node).",
+    description = "Who is signed in. Role: operator or regulator. With the `aether_session` cookie: `{role, actor, expires_at, csrf_token}`, 401 when its session has ended (signed out, expired, or opened on another node); with a bearer token: `{role, actor}`.",
     responses((status = 200, description = "The session", body = serde_json::Value)))]
 async fn show(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, Problem> {
-    let (_, session) = current(&state, &headers)?;
-    Ok((
-        [(header::CACHE_CONTROL, "no-store")],
-        axum::Json(described(&session)),
-    )
-        .into_response())
+    let body = if headers.contains_key(header::AUTHORIZATION) {
+        let caller = crate::http::authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
+        json!({ "role": caller.role, "actor": caller.actor })
+    } else {
+        described(&current(&state, &headers)?.1)
+    };
+    Ok(([(header::CACHE_CONTROL, "no-store")], axum::Json(body)).into_response())
 }
 
 /// `DELETE /v1/session`: signs out; the cookie is refused from then on.
 #[utoipa::path(delete, path = "/v1/session", tag = "console",
-    description = "Signs out: the session ends at once on this node (the cookie is refused from then on) and the browser is told to drop it. Needs `X-CSRF-Token`. Recorded on `access/audit`.",
+    description = "Signs out. Role: operator or regulator, by the session cookie (with a bearer token there is nothing to end: 204); the session ends at once on this node (the cookie is refused from then on) and the browser is told to drop it. Needs `X-CSRF-Token`. Recorded on `access/audit`.",
     responses((status = 204, description = "Signed out")))]
 async fn close(State(state): State<AppState>, request: axum::extract::Request) -> Response {
     let (parts, _) = request.into_parts();
     let result = async {
+        if parts.headers.contains_key(header::AUTHORIZATION) {
+            // A bearer caller has no session of its own to end.
+            crate::http::authorize(&state, &parts.headers, &[Role::Operator, Role::Regulator])?;
+            return Ok(StatusCode::NO_CONTENT.into_response());
+        }
         let (id, session) = current(&state, &parts.headers)?;
         state.sessions.close(&id);
         let trace_id = coloured(&parts)?.trace_id.clone();
@@ -316,14 +322,15 @@ struct PageView {
 /// `POST /v1/session/views`: the console reports each page it shows, so that a
 /// regulator's page views are on the ledger as their API calls are.
 #[utoipa::path(post, path = "/v1/session/views", tag = "console",
-    description = "Records a console page view (`{\"path\": \"/ui/…\"}`) on `access/audit` for a regulator's session; an operator's views are not recorded. Needs the session cookie and `X-CSRF-Token`.",
+    description = "Records a console page view (`{\"path\": \"/ui/…\"}`). Role: operator or regulator; a regulator's views are recorded on `access/audit`, an operator's are not. With the session cookie it needs `X-CSRF-Token`.",
     request_body = PageView,
     responses((status = 204, description = "Recorded"),
               (status = 422, description = "Not a console page path")))]
 async fn view(State(state): State<AppState>, request: axum::extract::Request) -> Response {
     let (parts, body) = request.into_parts();
     let result = async {
-        let (_, session) = current(&state, &parts.headers)?;
+        let caller =
+            crate::http::authorize(&state, &parts.headers, &[Role::Operator, Role::Regulator])?;
         let body: Bytes = axum::body::to_bytes(body, MAX_VIEW_PATH * 2)
             .await
             .map_err(|_| Problem::bad_request("the body is larger than a page view"))?;
@@ -337,11 +344,11 @@ async fn view(State(state): State<AppState>, request: axum::extract::Request) ->
                 format!("path must be a console page under /ui, at most {MAX_VIEW_PATH} bytes"),
             ));
         }
-        if session.caller.role == Role::Regulator {
+        if caller.role == Role::Regulator {
             let trace_id = coloured(&parts)?.trace_id.clone();
             record_access(
                 &state,
-                &auditor(&session.caller, &trace_id),
+                &auditor(&caller, &trace_id),
                 "page_view",
                 json!({ "path": page.path }),
             )
