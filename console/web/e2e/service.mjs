@@ -20,10 +20,21 @@ export function binary() {
   return candidates.find((p) => existsSync(p)) ?? candidates[0];
 }
 
+/**
+ * The service's environment: this one without a ledger database named, so that the demo and
+ * the service use the data directory's own SQLite ledger even where the test script exports
+ * DATABASE_URL for the Rust tests (a shared database holds other nodes' settings).
+ */
+function serviceEnv() {
+  const env = { ...process.env };
+  for (const name of ['DATABASE_URL', 'AETHER_TOKENS', 'AETHER_TOKENS_FILE', 'OTEL_EXPORTER_OTLP_ENDPOINT']) delete env[name];
+  return env;
+}
+
 /** Runs a command to its end, keeping its output for the failure message. */
 function run(cmd, args, timeoutMs) {
   return new Promise((resolve, reject) => {
-    const child = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'], env: serviceEnv() });
     let out = '';
     child.stdout.on('data', (d) => (out += d));
     child.stderr.on('data', (d) => (out += d));
@@ -100,11 +111,16 @@ export async function startService({ demo }) {
   try {
     if (demo) await run(aether, ['demo', '--data-dir', data], 300_000);
     const port = await freePort();
-    server = spawn(aether, ['serve', '--data-dir', data, '--listen', `127.0.0.1:${port}`, '--no-grpc'], { stdio: 'ignore' });
+    server = spawn(aether, ['serve', '--data-dir', data, '--listen', `127.0.0.1:${port}`, '--no-grpc'], {
+      stdio: ['ignore', 'ignore', 'pipe'],
+      env: serviceEnv(),
+    });
+    let log = '';
+    server.stderr.on('data', (d) => (log = (log + d).slice(-4000)));
     let base = `http://127.0.0.1:${port}`;
     for (let i = 0; ; i++) {
       if (await fetch(`${base}/readyz`).then((r) => r.ok, () => false)) break;
-      if (i > 600 || server.exitCode !== null) throw new Error('aether serve did not become ready');
+      if (i > 600 || server.exitCode !== null) throw new Error(`aether serve did not become ready; its log ends:\n${log}`);
       await new Promise((r) => setTimeout(r, 100));
     }
     const tokens = Object.fromEntries(
