@@ -3,6 +3,7 @@
 //! `traceparent`, with its stages as child spans and the ledger seq of its decision; an
 //! HTTP call is a span under the caller's `traceparent`.
 
+use serde_json::Value;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -105,6 +106,7 @@ async fn a_clearing_request_is_one_trace_under_the_members_traceparent() {
             ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
             ("OTEL_TRACES_SAMPLER", "always_on"),
             ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("AETHER_LOG_FORMAT", "json"),
         ],
     );
     activate(&server).await;
@@ -234,6 +236,49 @@ async fn a_clearing_request_is_one_trace_under_the_members_traceparent() {
         attribute(call, "http.response.status_code").as_deref(),
         Some("200")
     );
+
+    // Log lines join up: a line written inside a traced call carries the ids of its
+    // exported span; inside an untraced one, the call's trace id and a span id of its own.
+    let sign_in = |traceparent: String| {
+        let server = &server;
+        async move {
+            let resp = http()
+                .post(server.url("/v1/session"))
+                .bearer_auth(REGULATOR_TOKEN)
+                .header("traceparent", traceparent)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 201);
+        }
+    };
+    let logged_trace = "5bf92f3577b34da6a3ce929d0e0e4737";
+    sign_in(format!("00-{logged_trace}-b7ad6b7169203332-01")).await;
+    let logged_span = trace(
+        &receiver,
+        &hex::decode(logged_trace).unwrap(),
+        &["POST /v1/session"],
+    )
+    .await[0]
+        .span_id
+        .clone();
+    let quiet_trace = "6bf92f3577b34da6a3ce929d0e0e4738";
+    sign_in(format!("00-{quiet_trace}-b7ad6b7169203333-00")).await;
+    let opened = |trace: &str| -> Value {
+        let log = std::fs::read_to_string(&server.log_path).unwrap();
+        log.lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|l| l["fields"]["message"] == "console session opened" && l["trace_id"] == trace)
+            .unwrap_or_else(|| panic!("no joined-up line for {trace} in:\n{log}"))
+    };
+    assert_eq!(opened(logged_trace)["span_id"], hex::encode(&logged_span));
+    let quiet = opened(quiet_trace);
+    let span_id = quiet["span_id"].as_str().unwrap();
+    assert!(
+        span_id.len() == 16 && span_id.chars().all(|c| c.is_ascii_hexdigit()),
+        "{quiet}"
+    );
+    assert_ne!(span_id, hex::encode(&logged_span));
     assert!(server.terminate().success());
 }
 

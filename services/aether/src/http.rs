@@ -198,10 +198,12 @@ async fn colour(mut request: axum::extract::Request, next: axum::middleware::Nex
         )
     };
     aether_gateway::telemetry::follow(&span, &traceparent);
+    let ids = aether_gateway::telemetry::LogIds::new(&origin.trace_id);
     request.extensions_mut().insert(origin);
     let mut response = {
         use tracing::Instrument as _;
-        next.run(request).instrument(span.clone()).await
+        aether_gateway::telemetry::with_log_ids(ids, next.run(request).instrument(span.clone()))
+            .await
     };
     span.record("http.response.status_code", response.status().as_u16());
     if response.status().is_server_error() {

@@ -352,11 +352,19 @@ pub fn init_logging() -> anyhow::Result<telemetry::Telemetry> {
     use tracing_subscriber::prelude::*;
     let spec = std::env::var("AETHER_LOG").ok();
     let (filter, invalid) = log_filter(spec.as_deref());
+    // Every line written inside a request carries its trace and span ids (`JoinedUp`).
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let fmt = if std::env::var("AETHER_LOG_FORMAT").is_ok_and(|f| f == "json") {
-        fmt.json().with_filter(filter).boxed()
+        let format = tracing_subscriber::fmt::format().json();
+        fmt.json()
+            .event_format(telemetry::JoinedUp::new(format, true))
+            .with_filter(filter)
+            .boxed()
     } else {
-        fmt.with_filter(filter).boxed()
+        let format = tracing_subscriber::fmt::format();
+        fmt.event_format(telemetry::JoinedUp::new(format, false))
+            .with_filter(filter)
+            .boxed()
     };
     let (otel, telemetry) = telemetry::layer().map_err(|e| anyhow::anyhow!(e))?;
     tracing_subscriber::registry().with(fmt).with(otel).init();

@@ -96,6 +96,78 @@ impl Drop for Telemetry {
     }
 }
 
+/// Log lines that join up with their request and trace: the `fmt` layer's own format (text
+/// or JSON) with the trace id and span id of the request the line was written in, the
+/// exported span's when the request is traced, else the ids the request's task carries
+/// (`aether_gateway::telemetry::with_log_ids`). Lines outside any request are unchanged.
+pub struct JoinedUp<F> {
+    inner: F,
+    json: bool,
+}
+
+impl<F> JoinedUp<F> {
+    pub fn new(inner: F, json: bool) -> JoinedUp<F> {
+        JoinedUp { inner, json }
+    }
+}
+
+impl<S, N, F> tracing_subscriber::fmt::FormatEvent<S, N> for JoinedUp<F>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+    F: tracing_subscriber::fmt::FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let Some((trace_id, span_id)) = traced_ids().or_else(|| {
+            aether_gateway::telemetry::log_ids().map(|ids| (ids.trace_id, ids.span_id))
+        }) else {
+            return self.inner.format_event(ctx, writer, event);
+        };
+        if !self.json {
+            write!(writer, "trace_id={trace_id} span_id={span_id} ")?;
+            return self.inner.format_event(ctx, writer, event);
+        }
+        // The JSON line as the inner format writes it, with the two ids as its first members.
+        let mut line = String::new();
+        self.inner.format_event(
+            ctx,
+            tracing_subscriber::fmt::format::Writer::new(&mut line),
+            event,
+        )?;
+        match line.strip_prefix('{') {
+            Some(rest) => write!(
+                writer,
+                "{{\"trace_id\":{},\"span_id\":{},{rest}",
+                serde_json::Value::from(trace_id),
+                serde_json::Value::from(span_id)
+            ),
+            None => writer.write_str(&line),
+        }
+    }
+}
+
+/// The trace and span ids of the exported span the event is written in, if any. Through
+/// the dispatcher, not the formatter's context: that sees only the spans its own level
+/// filter lets through, and the request spans are at debug.
+fn traced_ids() -> Option<(String, String)> {
+    use opentelemetry::trace::TraceContextExt as _;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    let current = tracing::Span::current();
+    if current.is_disabled() {
+        return None;
+    }
+    let context = current.context();
+    let span = context.span();
+    let ids = span.span_context();
+    ids.is_valid()
+        .then(|| (ids.trace_id().to_string(), ids.span_id().to_string()))
+}
+
 /// A subscriber layer, boxed to be optional.
 pub type BoxedLayer<S> = Box<dyn Layer<S> + Send + Sync>;
 

@@ -114,7 +114,7 @@ impl ClearingServer {
                 .open(&aad, &sealed.nonce, &sealed.ciphertext, now)
         }
         .map_err(envelope_status)?;
-        let request = ClearingRequest::decode(opened.plaintext.as_slice()).map_err(|e| {
+        let mut request = ClearingRequest::decode(opened.plaintext.as_slice()).map_err(|e| {
             Status::invalid_argument(format!("the opened payload is not a ClearingRequest: {e}"))
         })?;
         let trade = request
@@ -129,30 +129,44 @@ impl ClearingServer {
             &request.trace_id,
             &request.traceparent,
         );
-        let decided = self
-            .gateway
-            .clear(Submission {
-                member_id: sealed.member_id.clone(),
-                request_id: sealed.request_id.clone(),
-                trade: TradeInput {
-                    buyer: trade.buyer,
-                    seller: trade.seller,
-                    instrument: trade.instrument,
-                    currency: trade.currency,
-                    amount_minor: trade.amount_minor,
-                    value_date: trade.value_date,
-                    jurisdiction: trade.jurisdiction,
-                    counterparty_tier: trade.counterparty_tier,
-                },
-                colouring: Colouring {
-                    trace_id: request.trace_id,
-                    model_stage: request.model_stage,
-                    semantic_tag: request.semantic_tag,
-                    traceparent: request.traceparent,
-                },
-            })
-            .instrument(span.clone())
-            .await;
+        // The ids its log lines carry: the trace id it is coloured with (the member's, else
+        // its traceparent's, else the one the gateway makes, made here so both agree).
+        let trace_id = match (
+            request.trace_id.is_empty(),
+            request.traceparent.split('-').nth(1),
+        ) {
+            (false, _) => request.trace_id.clone(),
+            (true, Some(from_parent)) => from_parent.to_owned(),
+            (true, None) => {
+                request.trace_id = uuid::Uuid::now_v7().simple().to_string();
+                request.trace_id.clone()
+            }
+        };
+        let clearing = self.gateway.clear(Submission {
+            member_id: sealed.member_id.clone(),
+            request_id: sealed.request_id.clone(),
+            trade: TradeInput {
+                buyer: trade.buyer,
+                seller: trade.seller,
+                instrument: trade.instrument,
+                currency: trade.currency,
+                amount_minor: trade.amount_minor,
+                value_date: trade.value_date,
+                jurisdiction: trade.jurisdiction,
+                counterparty_tier: trade.counterparty_tier,
+            },
+            colouring: Colouring {
+                trace_id: request.trace_id,
+                model_stage: request.model_stage,
+                semantic_tag: request.semantic_tag,
+                traceparent: request.traceparent,
+            },
+        });
+        let decided = crate::telemetry::with_log_ids(
+            crate::telemetry::LogIds::new(&trace_id),
+            clearing.instrument(span.clone()),
+        )
+        .await;
         crate::telemetry::finish(&span, decided.as_ref().map(|a| a.receipt.seq));
         let answer = decided.map_err(clear_status)?;
         let plaintext = to_pb(answer).encode_to_vec();

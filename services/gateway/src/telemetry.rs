@@ -43,6 +43,42 @@ pub fn sampled(trace_id: &str, traceparent: &str) -> bool {
     ratio >= 1.0 || ((low >> 1) as f64) < ratio * (1u64 << 63) as f64
 }
 
+/// The ids every log line of one request carries (the service's log formatter reads them),
+/// so that its lines join up with each other and with its trace: the trace id the request
+/// is coloured with, and its span id. A traced request's lines carry the span's own ids
+/// instead (the formatter finds them on the span).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogIds {
+    pub trace_id: String,
+    /// 16 hex digits, made for the request.
+    pub span_id: String,
+}
+
+impl LogIds {
+    /// The ids of a request coloured with `trace_id`.
+    pub fn new(trace_id: &str) -> LogIds {
+        LogIds {
+            trace_id: trace_id.to_owned(),
+            span_id: format!("{:016x}", uuid::Uuid::new_v4().as_u128() as u64),
+        }
+    }
+}
+
+tokio::task_local! {
+    static LOG_IDS: LogIds;
+}
+
+/// Runs `request` with `ids` as the ids of the log lines it writes on its own task (a task a
+/// request hands work to, a batch of many requests, writes its own lines).
+pub async fn with_log_ids<F: std::future::Future>(ids: LogIds, request: F) -> F::Output {
+    LOG_IDS.scope(ids, request).await
+}
+
+/// The ids of the request running on this task, if any.
+pub fn log_ids() -> Option<LogIds> {
+    LOG_IDS.try_with(Clone::clone).ok()
+}
+
 /// A child of the current span, or no span when the current one is off (the request is
 /// not traced): stage spans cost nothing on an untraced request.
 #[macro_export]
