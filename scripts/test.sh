@@ -11,7 +11,9 @@
 #         and removed when this script exits.
 # 2. cargo fmt --check, cargo clippy -D warnings, then all workspace tests
 #    (cargo-nextest when installed, plain cargo test otherwise).
-# 3. The console (console/web, Node.js 20+ and npm): npm ci, a fresh build that must equal
+# 3. The lineage API read by the Marquez Python client, with a job sent by
+#    openlineage-python (tests/marquez; when python3 is present).
+# 4. The console (console/web, Node.js 20+ and npm): npm ci, a fresh build that must equal
 #    the committed console/dist, svelte-check, its unit tests, and its browser test in
 #    Debian's Chromium (installed with apt-get when missing; CHROMIUM names another).
 #
@@ -275,6 +277,25 @@ else
     awk '/^test result:/ { p += $4; f += $6 } END { printf "%d passed, %d failed\n", p, f }' "$log"
     rm -f "$log"
     [ "$status" -eq 0 ] || exit "$status"
+fi
+
+step "the lineage API against the Marquez Python client and openlineage-python (tests/marquez)"
+# The clients themselves, pinned in tests/marquez/requirements.txt, in a virtual environment
+# kept under ~/.cache/aether/tools and made again when the pins change.
+if command -v python3 >/dev/null 2>&1; then
+    venv="${HOME}/.cache/aether/tools/marquez-venv"
+    pins=$(sha256sum tests/marquez/requirements.txt | cut -d' ' -f1)
+    if [[ "$(cat "$venv/.pins" 2>/dev/null)" != "$pins" ]]; then
+        info "installing the pinned clients into $venv"
+        rm -rf "$venv"
+        python3 -m venv "$venv" || die "cannot make a Python virtual environment (python3-venv)"
+        "$venv/bin/pip" install -q --disable-pip-version-check -r tests/marquez/requirements.txt ||
+            die "cannot install tests/marquez/requirements.txt"
+        printf '%s\n' "$pins" >"$venv/.pins"
+    fi
+    AETHER_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/aether" "$venv/bin/python" tests/marquez/test_marquez_client.py
+else
+    warn "python3 not found: the Marquez client test (tests/marquez) is skipped"
 fi
 
 step "the console: its committed build, its unit tests, and Chromium (console/web)"

@@ -564,6 +564,168 @@ impl LineageGraph {
         }
     }
 
+    /// One namespace in Marquez's shape (`GET /api/v1/namespaces/{ns}`).
+    pub fn namespace(&self, name: &str) -> Option<Value> {
+        self.namespaces().into_iter().find(|n| n["name"] == name)
+    }
+
+    /// `GET /api/v1/sources`: a source per namespace that holds datasets (Aether names a
+    /// dataset's source by its namespace, as `sourceName` says), by name.
+    pub fn sources(&self) -> Vec<Value> {
+        let mut spans: BTreeMap<&str, (Time, Time)> = BTreeMap::new();
+        for (name, d) in &self.datasets {
+            let span = spans
+                .entry(name.namespace.as_str())
+                .or_insert((d.created, d.updated));
+            span.0 = span.0.min(d.created);
+            span.1 = span.1.max(d.updated);
+        }
+        spans
+            .into_iter()
+            .map(|(name, (created, updated))| {
+                json!({
+                    "type": "OPENLINEAGE",
+                    "name": name,
+                    "createdAt": time(created),
+                    "updatedAt": time(updated),
+                    "connectionUrl": name,
+                    "description": null,
+                })
+            })
+            .collect()
+    }
+
+    /// One version of a dataset (`GET .../datasets/{ds}/versions/{version}`).
+    pub fn dataset_version(&self, name: &Name, version: &str) -> Option<Value> {
+        self.dataset_versions(name)?
+            .into_iter()
+            .find(|v| v["version"] == version)
+    }
+
+    /// `GET /api/v1/column-lineage?nodeId=&depth=&withDownstream=`: the dataset fields
+    /// linked by the `columnLineage` facets of the datasets, around a dataset (all its
+    /// fields), one field (`datasetField:<ns>:<dataset>:<field>`) or a job (the fields of
+    /// the datasets it writes), upstream up to `depth` steps and downstream too with
+    /// `downstream`; in Marquez's shape (`{"graph": [...]}`, nodes `datasetField:…`). `None`
+    /// when the node does not exist.
+    pub fn column_lineage(&self, node_id: &str, depth: u32, downstream: bool) -> Option<Value> {
+        // Every edge input field → output field the facets name, with the output's facet entry.
+        type Field = (Name, String);
+        let mut upstream: BTreeMap<Field, Vec<Field>> = BTreeMap::new();
+        let mut details: BTreeMap<Field, Value> = BTreeMap::new();
+        for (name, node) in &self.datasets {
+            let facets = node.facets.to_json();
+            let Some(fields) = facets["columnLineage"]["fields"].as_object() else {
+                continue;
+            };
+            for (field, entry) in fields {
+                let out = (name.clone(), field.clone());
+                let inputs: Vec<Field> = entry["inputFields"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|i| {
+                        Some((
+                            Name {
+                                namespace: i["namespace"].as_str()?.to_owned(),
+                                name: i["name"].as_str()?.to_owned(),
+                            },
+                            i["field"].as_str()?.to_owned(),
+                        ))
+                    })
+                    .collect();
+                details.insert(out.clone(), entry.clone());
+                upstream.entry(out).or_default().extend(inputs);
+            }
+        }
+        let mut downstream_of: BTreeMap<Field, Vec<Field>> = BTreeMap::new();
+        for (out, inputs) in &upstream {
+            for input in inputs {
+                downstream_of
+                    .entry(input.clone())
+                    .or_default()
+                    .push(out.clone());
+            }
+        }
+        let known = |f: &Field| upstream.contains_key(f) || downstream_of.contains_key(f);
+        let start: Vec<Field> = if let Some(rest) = node_id.strip_prefix("datasetField:") {
+            // `<ns>:<dataset>:<field>`; namespaces may hold `:`, so try each split.
+            let found = rest.match_indices(':').find_map(|(i, _)| {
+                let (ns, tail) = (&rest[..i], &rest[i + 1..]);
+                let (dataset, field) = tail.rsplit_once(':')?;
+                let f = (
+                    Name {
+                        namespace: ns.to_owned(),
+                        name: dataset.to_owned(),
+                    },
+                    field.to_owned(),
+                );
+                known(&f).then_some(f)
+            })?;
+            vec![found]
+        } else {
+            let node = self.resolve(node_id.split('#').next().unwrap_or(node_id))?;
+            let datasets: Vec<Name> = match node.kind {
+                NodeKind::Dataset => vec![node.name],
+                NodeKind::Job => self.jobs.get(&node.name)?.outputs.iter().cloned().collect(),
+            };
+            upstream
+                .keys()
+                .chain(downstream_of.keys())
+                .filter(|(d, _)| datasets.contains(d))
+                .cloned()
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect()
+        };
+        let mut nodes: BTreeSet<Field> = start.iter().cloned().collect();
+        let mut walk = |edges: &BTreeMap<Field, Vec<Field>>| {
+            let mut frontier = start.clone();
+            for _ in 0..depth {
+                let next: Vec<Field> = frontier
+                    .iter()
+                    .flat_map(|f| edges.get(f).into_iter().flatten().cloned())
+                    .filter(|f| nodes.insert(f.clone()))
+                    .collect();
+                if next.is_empty() {
+                    break;
+                }
+                frontier = next;
+            }
+        };
+        walk(&upstream);
+        if downstream {
+            walk(&downstream_of);
+        }
+        let id = |(d, f): &Field| format!("datasetField:{}:{}:{}", d.namespace, d.name, f);
+        let edge = |from: &Field, to: &Field| json!({ "origin": id(from), "destination": id(to) });
+        let graph: Vec<Value> = nodes
+            .iter()
+            .map(|field| {
+                let inputs = upstream.get(field).cloned().unwrap_or_default();
+                let outputs = downstream_of.get(field).cloned().unwrap_or_default();
+                let entry = details.get(field);
+                json!({
+                    "id": id(field),
+                    "type": "DATASET_FIELD",
+                    "data": {
+                        "namespace": field.0.namespace,
+                        "dataset": field.0.name,
+                        "datasetVersion": null,
+                        "field": field.1,
+                        "fieldType": null,
+                        "transformationDescription": entry.map_or(Value::Null, |e| e["transformationDescription"].clone()),
+                        "transformationType": entry.map_or(Value::Null, |e| e["transformationType"].clone()),
+                        "inputFields": inputs.iter().map(|(d, f)| json!({ "namespace": d.namespace, "dataset": d.name, "datasetVersion": null, "field": f })).collect::<Vec<_>>(),
+                    },
+                    "inEdges": inputs.iter().filter(|i| nodes.contains(*i)).map(|i| edge(i, field)).collect::<Vec<_>>(),
+                    "outEdges": outputs.iter().filter(|o| nodes.contains(*o)).map(|o| edge(field, o)).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        Some(json!({ "graph": graph }))
+    }
+
     /// The jobs of a namespace, in Marquez's shape, by name.
     pub fn jobs(&self, namespace: &str) -> Vec<Value> {
         in_namespace(&self.jobs, namespace, |n| self.job_json(n))

@@ -51,6 +51,19 @@ pub fn routes() -> Router<AppState> {
         .route("/api/v1/lineage", get(graph).post(ingest))
         .route("/api/v1/search", get(search))
         .route("/api/v1/namespaces", get(namespaces))
+        .route("/api/v1/namespaces/{namespace}", get(namespace))
+        .route(
+            "/api/v1/namespaces/{namespace}/datasets/{dataset}/versions/{version}",
+            get(dataset_version),
+        )
+        .route(
+            "/api/v1/namespaces/{namespace}/jobs/{job}/versions",
+            get(job_versions),
+        )
+        .route("/api/v1/sources", get(sources))
+        .route("/api/v1/tags", get(tags))
+        .route("/api/v1/column-lineage", get(column_lineage))
+        .route("/api/v1/events", get(events))
         .route(
             "/api/v1/namespaces/{namespace}/{kind}",
             get(namespace_nodes),
@@ -374,6 +387,149 @@ async fn dataset_versions(
     }
 }
 
+/// `GET /api/v1/namespaces/{namespace}`: one namespace.
+async fn namespace(
+    State(state): State<AppState>,
+    Extension(lineage): Extension<Lineage>,
+    headers: HeaderMap,
+    Path(namespace): Path<String>,
+) -> Result<Response, Problem> {
+    authorize(&state, &headers, READERS)?;
+    with_graph(&state, &lineage, None, |g| g.namespace(&namespace))
+        .await?
+        .map(|n| axum::Json(n).into_response())
+        .ok_or_else(|| {
+            Problem::new(
+                StatusCode::NOT_FOUND,
+                "No such namespace",
+                format!("no job or dataset in namespace {namespace}"),
+            )
+        })
+}
+
+/// `GET /api/v1/namespaces/{namespace}/datasets/{dataset}/versions/{version}`.
+async fn dataset_version(
+    State(state): State<AppState>,
+    Extension(lineage): Extension<Lineage>,
+    headers: HeaderMap,
+    Path((namespace, name, version)): Path<(String, String, String)>,
+) -> Result<Response, Problem> {
+    authorize(&state, &headers, READERS)?;
+    let dataset = Name { namespace, name };
+    with_graph(&state, &lineage, None, |g| {
+        g.dataset_version(&dataset, &version)
+    })
+    .await?
+    .map(|v| axum::Json(v).into_response())
+    .ok_or_else(|| {
+        Problem::new(
+            StatusCode::NOT_FOUND,
+            "No such dataset version",
+            format!(
+                "no version {version} of dataset {} in namespace {}",
+                dataset.name, dataset.namespace
+            ),
+        )
+    })
+}
+
+/// `GET /api/v1/namespaces/{namespace}/jobs/{job}/versions`: Aether keeps no job versions
+/// (a job is the kind of change, its runs carry what changed), so a known job has none.
+async fn job_versions(
+    State(state): State<AppState>,
+    Extension(lineage): Extension<Lineage>,
+    headers: HeaderMap,
+    Path((namespace, job)): Path<(String, String)>,
+) -> Result<Response, Problem> {
+    use aether_lineage::graph::NodeKind;
+    authorize(&state, &headers, READERS)?;
+    let name = Name {
+        namespace,
+        name: job,
+    };
+    let exists = with_graph(&state, &lineage, None, |g| {
+        g.node_json(NodeKind::Job, &name).is_some()
+    })
+    .await?;
+    if !exists {
+        return Err(Problem::new(
+            StatusCode::NOT_FOUND,
+            "No such node",
+            format!("no job {} in namespace {}", name.name, name.namespace),
+        ));
+    }
+    Ok(axum::Json(json!({ "versions": [], "totalCount": 0 })).into_response())
+}
+
+/// `GET /api/v1/sources`: one source per dataset namespace.
+async fn sources(
+    State(state): State<AppState>,
+    Extension(lineage): Extension<Lineage>,
+    headers: HeaderMap,
+    query: Params,
+) -> Result<Response, Problem> {
+    namespace_page(
+        &state,
+        &lineage,
+        &headers,
+        query,
+        "sources",
+        LineageGraph::sources,
+    )
+    .await
+}
+
+/// `GET /api/v1/tags`: Aether tags nothing, so the list is empty.
+async fn tags(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    query: Params,
+) -> Result<Response, Problem> {
+    authorize(&state, &headers, READERS)?;
+    let params = params(query, &["limit", "offset"])?;
+    page(&params, "tags", Vec::new())
+}
+
+/// `GET /api/v1/column-lineage?nodeId=&depth=&withDownstream=`.
+async fn column_lineage(
+    State(state): State<AppState>,
+    Extension(lineage): Extension<Lineage>,
+    headers: HeaderMap,
+    query: Params,
+) -> Result<Response, Problem> {
+    authorize(&state, &headers, READERS)?;
+    let params = params(query, &["nodeId", "depth", "withDownstream"])?;
+    let node_id = params.get("nodeId").cloned().ok_or_else(|| {
+        Problem::bad_request(
+            "nodeId is required: dataset:<ns>:<name>, datasetField:<ns>:<name>:<field> or job:<ns>:<name>",
+        )
+    })?;
+    let depth = bounded(&params, "depth", DEFAULT_DEPTH, MAX_DEPTH)? as u32;
+    // Any case: the Marquez Python client sends Python's `False`.
+    let downstream = match params.get("withDownstream").map(|v| v.to_ascii_lowercase()) {
+        None => false,
+        Some(v) if v == "false" => false,
+        Some(v) if v == "true" => true,
+        Some(other) => {
+            return Err(Problem::bad_request(format!(
+                "withDownstream must be true or false, got {other:?}"
+            )));
+        }
+    };
+    with_graph(&state, &lineage, None, |g| {
+        g.column_lineage(&node_id, depth, downstream)
+    })
+    .await?
+    .map(|g| axum::Json(g).into_response())
+    .ok_or_else(|| {
+        Problem::new(
+            StatusCode::NOT_FOUND,
+            "No such node",
+            format!("no node {node_id} in the column lineage"),
+        )
+    })
+}
+
 /// `GET /api/v1/namespaces/{namespace}/jobs/{job}` and `.../datasets/{dataset}`: one node.
 async fn node(
     State(state): State<AppState>,
@@ -465,8 +621,9 @@ async fn run(
     })
 }
 
-/// `GET /api/v1/events/lineage?limit=100&offset=0&after=<RFC 3339>`: stored OpenLineage
-/// events (Aether's and external), oldest first.
+/// `GET /api/v1/events/lineage?limit=100&offset=0&after=<RFC 3339>` (and `/api/v1/events`,
+/// where the Marquez Python client asks): stored OpenLineage events (Aether's and
+/// external), oldest first.
 async fn events(
     State(state): State<AppState>,
     headers: HeaderMap,
