@@ -848,6 +848,13 @@ async fn the_openapi_document_matches_the_routes() {
         ("/v1/snapshots", "post"),
         ("/v1/rollback", "post"),
         ("/v1/state", "get"),
+        // The Marquez-compatible lineage API is documented too.
+        ("/api/v1/lineage", "post"),
+        ("/api/v1/lineage", "get"),
+        ("/api/v1/search", "get"),
+        ("/api/v1/namespaces/{namespace}/jobs/{job}/runs", "get"),
+        ("/api/v1/column-lineage", "get"),
+        ("/v1/session", "post"),
     ] {
         assert!(
             paths.get(path).is_some_and(|p| p[method].is_object()),

@@ -79,7 +79,8 @@ pub fn router(state: AppState) -> Router {
             .merge(crate::corpus_http::routes())
             .merge(crate::snapshot_http::routes())
             .merge(crate::cluster::routes())
-            .merge(crate::session::routes()),
+            .merge(crate::session::routes())
+            .merge(crate::lineage_api::routes()),
     );
     // Rendered once: the document is fixed for the life of the process.
     let doc: Arc<str> = serde_json::to_string(&doc).unwrap_or_default().into();
@@ -101,7 +102,6 @@ pub fn router(state: AppState) -> Router {
             "/openlineage/facets/aether_ledger/1-0-0.json",
             get(aether_ledger_facet_schema),
         )
-        .merge(crate::lineage_api::routes())
         .merge(crate::console::routes())
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(

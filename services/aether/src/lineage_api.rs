@@ -11,16 +11,17 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use aether_lineage::external::{IngestError, StoreError, events_page, parse_request, run_events};
-use aether_lineage::graph::{LineageGraph, Name, run_from_events};
+use aether_lineage::graph::{LineageGraph, Name, NodeKind, run_from_events};
 use aether_lineage::index::LineageIndex;
+use axum::Extension;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::{Extension, Router};
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::audit_http::{Params, params, time_param};
 use crate::auth::Role;
@@ -46,39 +47,27 @@ impl Lineage {
     }
 }
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/lineage", get(graph).post(ingest))
-        .route("/api/v1/search", get(search))
-        .route("/api/v1/namespaces", get(namespaces))
-        .route("/api/v1/namespaces/{namespace}", get(namespace))
-        .route(
-            "/api/v1/namespaces/{namespace}/datasets/{dataset}/versions/{version}",
-            get(dataset_version),
-        )
-        .route(
-            "/api/v1/namespaces/{namespace}/jobs/{job}/versions",
-            get(job_versions),
-        )
-        .route("/api/v1/sources", get(sources))
-        .route("/api/v1/tags", get(tags))
-        .route("/api/v1/column-lineage", get(column_lineage))
-        .route("/api/v1/events", get(events))
-        .route(
-            "/api/v1/namespaces/{namespace}/{kind}",
-            get(namespace_nodes),
-        )
-        .route(
-            "/api/v1/namespaces/{namespace}/datasets/{dataset}/versions",
-            get(dataset_versions),
-        )
-        .route("/api/v1/namespaces/{namespace}/{kind}/{name}", get(node))
-        .route(
-            "/api/v1/namespaces/{namespace}/jobs/{job}/runs",
-            get(job_runs),
-        )
-        .route("/api/v1/jobs/runs/{id}", get(run))
-        .route("/api/v1/events/lineage", get(events))
+/// The lineage routes, documented (see [`crate::openapi`]).
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(graph, ingest))
+        .routes(routes!(search))
+        .routes(routes!(namespaces))
+        .routes(routes!(namespace))
+        .routes(routes!(jobs))
+        .routes(routes!(datasets))
+        .routes(routes!(job))
+        .routes(routes!(dataset))
+        .routes(routes!(job_runs))
+        .routes(routes!(job_versions))
+        .routes(routes!(dataset_versions))
+        .routes(routes!(dataset_version))
+        .routes(routes!(sources))
+        .routes(routes!(tags))
+        .routes(routes!(column_lineage))
+        .routes(routes!(run))
+        .routes(routes!(events))
+        .routes(routes!(events_by_client))
         .layer(Extension(Lineage::default()))
 }
 
@@ -121,6 +110,11 @@ fn page(
 
 /// `POST /api/v1/lineage` (operator): one OpenLineage event or a batch (a JSON array), all
 /// valid or none stored.
+#[utoipa::path(post, path = "/api/v1/lineage", tag = "lineage",
+    description = "OpenLineage events from other producers: one event or a JSON array, each validated against the OpenLineage 2-0-2 spec and the facet schemas it names; all stored or none (a resent event is stored once). Role: operator.",
+    request_body(content = serde_json::Value, description = "An OpenLineage RunEvent, DatasetEvent or JobEvent, or an array of them"),
+    responses((status = 201, description = "`{received, stored}`", body = serde_json::Value),
+              (status = 400, description = "An event is not valid OpenLineage: `errors` names the violations, `event_index` the event")))]
 async fn ingest(
     State(state): State<AppState>,
     Extension(lineage): Extension<Lineage>,
@@ -171,6 +165,13 @@ async fn with_graph<R>(
 }
 
 /// `GET /api/v1/lineage?nodeId=job:<ns>:<name>|dataset:<ns>:<name>&depth=20&asOf=<RFC 3339>`.
+#[utoipa::path(get, path = "/api/v1/lineage", tag = "lineage",
+    description = "The lineage graph around a node, in Marquez's shape (`{graph: [{id, type, data, inEdges, outEdges}]}`), live or as it stood at `asOf` (Aether's addition). Role: operator or regulator.",
+    params(("nodeId" = String, Query, description = "`job:<namespace>:<name>` or `dataset:<namespace>:<name>`"),
+           ("depth" = Option<u64>, Query, maximum = 1000, description = "Jobs away in each direction (default 20)"),
+           ("asOf" = Option<String>, Query, description = "RFC 3339: the graph as it stood then")),
+    responses((status = 200, description = "The graph", body = serde_json::Value),
+              (status = 404, description = "No such node (at that time)")))]
 async fn graph(
     State(state): State<AppState>,
     Extension(lineage): Extension<Lineage>,
@@ -219,13 +220,19 @@ const SEARCH_MAX_LIMIT: u64 = 100;
 /// Marquez's search (jobs and datasets whose name or namespace contains `q`) and, Aether's
 /// own, a run by its id, ledger event types by name (each with its job's node), and a
 /// clearing decision by its request id.
+#[utoipa::path(get, path = "/api/v1/search", tag = "lineage",
+    description = "Marquez's search (jobs and datasets whose name or namespace contains `q`, ignoring case) and Aether's own: a run by id, ledger event types by name, a clearing decision by request id. `{totalCount, results: [{type, name, namespace, nodeId, updatedAt}]}`. Role: operator or regulator.",
+    params(("q" = String, Query, description = "The text, 1 to 256 bytes"),
+           ("filter" = Option<String>, Query, description = "JOB, DATASET, RUN, EVENT_TYPE or REQUEST"),
+           ("sort" = Option<String>, Query, description = "NAME (default) or UPDATE_AT"),
+           ("limit" = Option<u64>, Query, maximum = 100, description = "Results, default 10")),
+    responses((status = 200, description = "The results", body = serde_json::Value)))]
 async fn search(
     State(state): State<AppState>,
     Extension(lineage): Extension<Lineage>,
     headers: HeaderMap,
     query: Params,
 ) -> Result<Response, Problem> {
-    use aether_lineage::graph::NodeKind;
     authorize(&state, &headers, READERS)?;
     let params = params(query, &["q", "filter", "sort", "limit"])?;
     let q = params.get("q").map(|q| q.trim()).unwrap_or_default();
@@ -309,6 +316,10 @@ async fn search(
 }
 
 /// `GET /api/v1/namespaces`.
+#[utoipa::path(get, path = "/api/v1/namespaces", tag = "lineage",
+    description = "Every namespace holding a job or a dataset, in Marquez's shape. Role: operator or regulator.",
+    params(("limit" = Option<u64>, Query, maximum = 1000), ("offset" = Option<u64>, Query)),
+    responses((status = 200, description = "`{namespaces, totalCount}`", body = serde_json::Value)))]
 async fn namespaces(
     State(state): State<AppState>,
     Extension(lineage): Extension<Lineage>,
@@ -326,25 +337,36 @@ async fn namespaces(
     .await
 }
 
-/// `GET /api/v1/namespaces/{namespace}/jobs` and `.../datasets`.
-async fn namespace_nodes(
+/// `GET /api/v1/namespaces/{namespace}/jobs`.
+#[utoipa::path(get, path = "/api/v1/namespaces/{namespace}/jobs", tag = "lineage",
+    description = "The jobs of a namespace, by name, in Marquez's shape (`{jobs, totalCount}`). Role: operator or regulator.",
+    params(("namespace" = String, Path), ("limit" = Option<u64>, Query, maximum = 1000), ("offset" = Option<u64>, Query)),
+    responses((status = 200, description = "A page of jobs", body = serde_json::Value)))]
+async fn jobs(
     State(state): State<AppState>,
     Extension(lineage): Extension<Lineage>,
     headers: HeaderMap,
-    Path((namespace, kind)): Path<(String, String)>,
+    Path(namespace): Path<String>,
     query: Params,
 ) -> Result<Response, Problem> {
-    match kind.as_str() {
-        "jobs" => {
-            let list = |g: &LineageGraph| g.jobs(&namespace);
-            namespace_page(&state, &lineage, &headers, query, "jobs", list).await
-        }
-        "datasets" => {
-            let list = |g: &LineageGraph| g.datasets(&namespace);
-            namespace_page(&state, &lineage, &headers, query, "datasets", list).await
-        }
-        _ => Err(not_found()),
-    }
+    let list = |g: &LineageGraph| g.jobs(&namespace);
+    namespace_page(&state, &lineage, &headers, query, "jobs", list).await
+}
+
+/// `GET /api/v1/namespaces/{namespace}/datasets`.
+#[utoipa::path(get, path = "/api/v1/namespaces/{namespace}/datasets", tag = "lineage",
+    description = "The datasets of a namespace, by name, in Marquez's shape (`{datasets, totalCount}`). Role: operator or regulator.",
+    params(("namespace" = String, Path), ("limit" = Option<u64>, Query, maximum = 1000), ("offset" = Option<u64>, Query)),
+    responses((status = 200, description = "A page of datasets", body = serde_json::Value)))]
+async fn datasets(
+    State(state): State<AppState>,
+    Extension(lineage): Extension<Lineage>,
+    headers: HeaderMap,
+    Path(namespace): Path<String>,
+    query: Params,
+) -> Result<Response, Problem> {
+    let list = |g: &LineageGraph| g.datasets(&namespace);
+    namespace_page(&state, &lineage, &headers, query, "datasets", list).await
 }
 
 /// A page of what `list` finds in the live graph, under `key`.
@@ -363,6 +385,11 @@ async fn namespace_page(
 }
 
 /// `GET /api/v1/namespaces/{namespace}/datasets/{dataset}/versions`, newest first.
+#[utoipa::path(get, path = "/api/v1/namespaces/{namespace}/datasets/{dataset}/versions", tag = "lineage",
+    description = "A dataset's versions, newest first, each with the run that made it. Role: operator or regulator.",
+    params(("namespace" = String, Path), ("dataset" = String, Path), ("limit" = Option<u64>, Query, maximum = 1000), ("offset" = Option<u64>, Query)),
+    responses((status = 200, description = "`{versions, totalCount}`", body = serde_json::Value),
+              (status = 404, description = "No such dataset")))]
 async fn dataset_versions(
     State(state): State<AppState>,
     Extension(lineage): Extension<Lineage>,
@@ -388,6 +415,11 @@ async fn dataset_versions(
 }
 
 /// `GET /api/v1/namespaces/{namespace}`: one namespace.
+#[utoipa::path(get, path = "/api/v1/namespaces/{namespace}", tag = "lineage",
+    description = "One namespace, in Marquez's shape. Role: operator or regulator.",
+    params(("namespace" = String, Path)),
+    responses((status = 200, description = "The namespace", body = serde_json::Value),
+              (status = 404, description = "No job or dataset in that namespace")))]
 async fn namespace(
     State(state): State<AppState>,
     Extension(lineage): Extension<Lineage>,
@@ -408,6 +440,11 @@ async fn namespace(
 }
 
 /// `GET /api/v1/namespaces/{namespace}/datasets/{dataset}/versions/{version}`.
+#[utoipa::path(get, path = "/api/v1/namespaces/{namespace}/datasets/{dataset}/versions/{version}", tag = "lineage",
+    description = "One version of a dataset. Role: operator or regulator.",
+    params(("namespace" = String, Path), ("dataset" = String, Path), ("version" = String, Path)),
+    responses((status = 200, description = "The version", body = serde_json::Value),
+              (status = 404, description = "No such dataset version")))]
 async fn dataset_version(
     State(state): State<AppState>,
     Extension(lineage): Extension<Lineage>,
@@ -435,13 +472,17 @@ async fn dataset_version(
 
 /// `GET /api/v1/namespaces/{namespace}/jobs/{job}/versions`: Aether keeps no job versions
 /// (a job is the kind of change, its runs carry what changed), so a known job has none.
+#[utoipa::path(get, path = "/api/v1/namespaces/{namespace}/jobs/{job}/versions", tag = "lineage",
+    description = "A job's versions: Aether keeps none (a job is a kind of change; its runs carry what changed), so a known job answers an empty list. Role: operator or regulator.",
+    params(("namespace" = String, Path), ("job" = String, Path)),
+    responses((status = 200, description = "`{versions: [], totalCount: 0}`", body = serde_json::Value),
+              (status = 404, description = "No such job")))]
 async fn job_versions(
     State(state): State<AppState>,
     Extension(lineage): Extension<Lineage>,
     headers: HeaderMap,
     Path((namespace, job)): Path<(String, String)>,
 ) -> Result<Response, Problem> {
-    use aether_lineage::graph::NodeKind;
     authorize(&state, &headers, READERS)?;
     let name = Name {
         namespace,
@@ -462,6 +503,10 @@ async fn job_versions(
 }
 
 /// `GET /api/v1/sources`: one source per dataset namespace.
+#[utoipa::path(get, path = "/api/v1/sources", tag = "lineage",
+    description = "One source per namespace holding datasets (a dataset's `sourceName` is its namespace). Role: operator or regulator.",
+    params(("limit" = Option<u64>, Query, maximum = 1000), ("offset" = Option<u64>, Query)),
+    responses((status = 200, description = "`{sources, totalCount}`", body = serde_json::Value)))]
 async fn sources(
     State(state): State<AppState>,
     Extension(lineage): Extension<Lineage>,
@@ -480,6 +525,10 @@ async fn sources(
 }
 
 /// `GET /api/v1/tags`: Aether tags nothing, so the list is empty.
+#[utoipa::path(get, path = "/api/v1/tags", tag = "lineage",
+    description = "Tags: Aether tags nothing, so the list is empty. Role: operator or regulator.",
+    params(("limit" = Option<u64>, Query, maximum = 1000), ("offset" = Option<u64>, Query)),
+    responses((status = 200, description = "`{tags: [], totalCount: 0}`", body = serde_json::Value)))]
 async fn tags(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -491,6 +540,13 @@ async fn tags(
 }
 
 /// `GET /api/v1/column-lineage?nodeId=&depth=&withDownstream=`.
+#[utoipa::path(get, path = "/api/v1/column-lineage", tag = "lineage",
+    description = "Column lineage from the datasets' `columnLineage` facets, in Marquez's shape (nodes `datasetField:<ns>:<dataset>:<field>`), upstream up to `depth` and downstream too with `withDownstream`. Role: operator or regulator.",
+    params(("nodeId" = String, Query, description = "`dataset:…`, `datasetField:…` or `job:…` (a `#version` suffix is ignored)"),
+           ("depth" = Option<u64>, Query, maximum = 1000),
+           ("withDownstream" = Option<bool>, Query)),
+    responses((status = 200, description = "`{graph}`", body = serde_json::Value),
+              (status = 404, description = "No such node")))]
 async fn column_lineage(
     State(state): State<AppState>,
     Extension(lineage): Extension<Lineage>,
@@ -530,36 +586,69 @@ async fn column_lineage(
     })
 }
 
-/// `GET /api/v1/namespaces/{namespace}/jobs/{job}` and `.../datasets/{dataset}`: one node.
-async fn node(
+/// `GET /api/v1/namespaces/{namespace}/jobs/{job}`.
+#[utoipa::path(get, path = "/api/v1/namespaces/{namespace}/jobs/{job}", tag = "lineage",
+    description = "One job in Marquez's shape. Role: operator or regulator.",
+    params(("namespace" = String, Path), ("job" = String, Path)),
+    responses((status = 200, description = "The job", body = serde_json::Value),
+              (status = 404, description = "No such job")))]
+async fn job(
     State(state): State<AppState>,
     Extension(lineage): Extension<Lineage>,
     headers: HeaderMap,
-    Path((namespace, kind, name)): Path<(String, String, String)>,
+    Path((namespace, name)): Path<(String, String)>,
 ) -> Result<Response, Problem> {
-    use aether_lineage::graph::NodeKind;
-    authorize(&state, &headers, READERS)?;
-    let kind = match kind.as_str() {
-        "jobs" => NodeKind::Job,
-        "datasets" => NodeKind::Dataset,
-        _ => return Err(not_found()),
-    };
-    let name = Name { namespace, name };
-    let found = with_graph(&state, &lineage, None, |g| g.node_json(kind, &name)).await?;
+    one_node(
+        &state,
+        &lineage,
+        &headers,
+        NodeKind::Job,
+        Name { namespace, name },
+    )
+    .await
+}
+
+/// `GET /api/v1/namespaces/{namespace}/datasets/{dataset}`.
+#[utoipa::path(get, path = "/api/v1/namespaces/{namespace}/datasets/{dataset}", tag = "lineage",
+    description = "One dataset in Marquez's shape (fields from its schema facet, its current version). Role: operator or regulator.",
+    params(("namespace" = String, Path), ("dataset" = String, Path)),
+    responses((status = 200, description = "The dataset", body = serde_json::Value),
+              (status = 404, description = "No such dataset")))]
+async fn dataset(
+    State(state): State<AppState>,
+    Extension(lineage): Extension<Lineage>,
+    headers: HeaderMap,
+    Path((namespace, name)): Path<(String, String)>,
+) -> Result<Response, Problem> {
+    one_node(
+        &state,
+        &lineage,
+        &headers,
+        NodeKind::Dataset,
+        Name { namespace, name },
+    )
+    .await
+}
+
+async fn one_node(
+    state: &AppState,
+    lineage: &Lineage,
+    headers: &HeaderMap,
+    kind: NodeKind,
+    name: Name,
+) -> Result<Response, Problem> {
+    authorize(state, headers, READERS)?;
+    let found = with_graph(state, lineage, None, |g| g.node_json(kind, &name)).await?;
     found.map(|n| axum::Json(n).into_response()).ok_or_else(|| {
+        let what = if kind == NodeKind::Job {
+            "job"
+        } else {
+            "dataset"
+        };
         Problem::new(
             StatusCode::NOT_FOUND,
             "No such node",
-            format!(
-                "no {} {} in namespace {}",
-                if kind == NodeKind::Job {
-                    "job"
-                } else {
-                    "dataset"
-                },
-                name.name,
-                name.namespace
-            ),
+            format!("no {what} {} in namespace {}", name.name, name.namespace),
         )
     })
 }
@@ -567,6 +656,10 @@ async fn node(
 /// `GET /api/v1/namespaces/{namespace}/jobs/{job}/runs?limit=&offset=`: the job's runs in
 /// Marquez's shape, newest first (each with its facets, `aether_ledger` naming the ledger
 /// events behind it).
+#[utoipa::path(get, path = "/api/v1/namespaces/{namespace}/jobs/{job}/runs", tag = "lineage",
+    description = "A job's runs, newest first, in Marquez's shape; each run's `aether_ledger` facet names the ledger event behind it. Role: operator or regulator.",
+    params(("namespace" = String, Path), ("job" = String, Path), ("limit" = Option<u64>, Query, maximum = 1000), ("offset" = Option<u64>, Query)),
+    responses((status = 200, description = "`{runs}`", body = serde_json::Value)))]
 async fn job_runs(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -590,10 +683,6 @@ async fn job_runs(
     Ok(axum::Json(json!({ "runs": runs })).into_response())
 }
 
-fn not_found() -> Problem {
-    Problem::new(StatusCode::NOT_FOUND, "Not found", "no such resource")
-}
-
 fn unreadable(run: &str, e: aether_lineage::graph::GraphError) -> Problem {
     tracing::error!(run = %run, error = %e, "a stored lineage event is unreadable");
     Problem::new(
@@ -604,6 +693,11 @@ fn unreadable(run: &str, e: aether_lineage::graph::GraphError) -> Problem {
 }
 
 /// `GET /api/v1/jobs/runs/{id}`: one run from all of its events.
+#[utoipa::path(get, path = "/api/v1/jobs/runs/{id}", tag = "lineage",
+    description = "One run from all of its events, in Marquez's shape. Role: operator or regulator.",
+    params(("id" = String, Path, description = "The run id")),
+    responses((status = 200, description = "The run", body = serde_json::Value),
+              (status = 404, description = "No event names that run")))]
 async fn run(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -624,6 +718,10 @@ async fn run(
 /// `GET /api/v1/events/lineage?limit=100&offset=0&after=<RFC 3339>` (and `/api/v1/events`,
 /// where the Marquez Python client asks): stored OpenLineage events (Aether's and
 /// external), oldest first.
+#[utoipa::path(get, path = "/api/v1/events/lineage", tag = "lineage",
+    description = "Stored OpenLineage events (Aether's and other producers'), oldest first. Role: operator or regulator.",
+    params(("limit" = Option<u64>, Query, maximum = 1000), ("offset" = Option<u64>, Query, maximum = 100000), ("after" = Option<String>, Query, description = "RFC 3339: events after this time")),
+    responses((status = 200, description = "`{events}`", body = serde_json::Value)))]
 async fn events(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -638,4 +736,17 @@ async fn events(
         .await
         .map_err(unavailable)?;
     Ok(axum::Json(json!({ "events": events })).into_response())
+}
+
+/// `GET /api/v1/events`: the same, where the Marquez Python client's `list_events` asks.
+#[utoipa::path(get, path = "/api/v1/events", tag = "lineage",
+    description = "The same as `/api/v1/events/lineage`, where the Marquez Python client asks. Role: operator or regulator.",
+    params(("limit" = Option<u64>, Query, maximum = 1000), ("offset" = Option<u64>, Query, maximum = 100000), ("after" = Option<String>, Query)),
+    responses((status = 200, description = "`{events}`", body = serde_json::Value)))]
+async fn events_by_client(
+    state: State<AppState>,
+    headers: HeaderMap,
+    query: Params,
+) -> Result<Response, Problem> {
+    events(state, headers, query).await
 }

@@ -35,6 +35,7 @@ pub const PATH: &str = "/v1/openapi.json";
         (name = "snapshots", description = "Consistent snapshots of routing, rules and corpus, and rollback"),
         (name = "state", description = "The projected control-plane state"),
         (name = "ledger", description = "The event ledger: append, read, redact a personal value, an event's lineage records"),
+        (name = "lineage", description = "The Marquez-compatible lineage API: OpenLineage events from other producers in, and Aether's own lineage joined with them out, in Marquez's shapes (its clients work unchanged); `asOf` on the graph is Aether's"),
         (name = "console", description = "Console sessions: a token exchanged once for an HttpOnly session cookie, sign-out, page views"),
         (name = "audit", description = "The regulator's read-only audit API: filtered events, proofs, signed checkpoints, state as of any point, decision explanations, evidence bundles"),
     )
