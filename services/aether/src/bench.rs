@@ -881,6 +881,13 @@ async fn timeline_pages(store: &EventStore, tree_size: u64, pages: u64) -> anyho
                 ..EventFilter::default()
             },
         ),
+        (
+            "actor=operator:bench (rare, metadata)",
+            EventFilter {
+                metadata: vec![("actor".into(), "operator:bench".into())],
+                ..EventFilter::default()
+            },
+        ),
     ];
     println!(
         "\ntimeline pages of 100 events from {} random cursors (baseline: reading 100 events by seq p50 {:.2} ms, p99 {:.2} ms):",

@@ -63,3 +63,39 @@ impl EventFilter {
         Ok(())
     }
 }
+
+/// Whether `value` appears verbatim in the canonical (RFC 8785) metadata text of an event
+/// whose metadata member equals it: true unless it holds a character that RFC 8785 escapes
+/// (`"`, `\\`, a control character). Then a plain substring search may go first, cheaply
+/// ruling out most rows before the JSON member is read (a rare actor among a million events:
+/// the JSON alone is read from every row).
+pub(crate) fn verbatim_in_metadata(value: &str) -> bool {
+    !value.is_empty() && !value.chars().any(|c| c == '"' || c == '\\' || c < ' ')
+}
+
+#[cfg(test)]
+mod verbatim_tests {
+    use super::verbatim_in_metadata;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The substring search never rules out a row that matches: a value it is used for
+        /// appears as it is in the canonical text of any metadata holding it.
+        #[test]
+        fn a_verbatim_value_is_in_the_canonical_text(value in any::<String>(), other in any::<String>()) {
+            let metadata = serde_json::json!({ "actor": value, "trace_id": other });
+            if verbatim_in_metadata(&value) {
+                prop_assert!(crate::jcs::to_string(&metadata).contains(value.as_str()));
+            }
+        }
+    }
+
+    #[test]
+    fn escaped_characters_are_not_searched_verbatim() {
+        assert!(verbatim_in_metadata("aether:rollout-controller"));
+        assert!(verbatim_in_metadata("café ✓ / <>"));
+        for value in ["", "a\"b", "a\\b", "a\nb", "\u{1}"] {
+            assert!(!verbatim_in_metadata(value), "{value:?}");
+        }
+    }
+}

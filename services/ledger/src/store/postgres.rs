@@ -478,6 +478,11 @@ pub(crate) async fn query(
                 "metadata member {key:?} cannot be filtered on"
             )));
         };
+        if *key != "request_id" && crate::store::filter::verbatim_in_metadata(value) {
+            q.push(" AND strpos(metadata, ")
+                .push_bind(value)
+                .push(") > 0");
+        }
         q.push(format!(" AND {} = ", metadata_member(key)))
             .push_bind(value);
     }

@@ -389,6 +389,11 @@ pub(crate) async fn query(
                 "metadata member {key:?} cannot be filtered on"
             )));
         };
+        if *key != "request_id" && crate::store::filter::verbatim_in_metadata(value) {
+            q.push(" AND instr(metadata, ")
+                .push_bind(value)
+                .push(") > 0");
+        }
         q.push(format!(" AND json_extract(metadata, '$.{key}') = "))
             .push_bind(value);
     }
