@@ -1216,3 +1216,79 @@ async fn a_snapshot_prepares_on_every_live_node() {
     signal(&node_b, "CONT");
     db.drop_database().await;
 }
+
+/// A console session belongs to the cluster, not to a node: signed in through one node, the
+/// cookie reads through the other; signed out through the other, it is refused by both at
+/// once; and a restarted node still knows a live session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_console_session_is_the_clusters() {
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let node_a = node(&dir.path().join("a"), &db, "node-a", None);
+    let key = dir.path().join("a").join("keys").join(PRIVATE_KEY_FILE);
+    let node_b = node(&dir.path().join("b"), &db, "node-b", Some(&key));
+    let session = |server: &Server, cookie: &str| {
+        let request = http()
+            .get(server.url("/v1/session"))
+            .header("cookie", cookie.to_owned());
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    let sign_in = |server: &Server| {
+        let request = http()
+            .post(server.url("/v1/session"))
+            .bearer_auth(aether_e2e::REGULATOR_TOKEN);
+        async move {
+            let resp = request.send().await.unwrap();
+            assert_eq!(resp.status(), 201);
+            let cookie = resp.headers()["set-cookie"]
+                .to_str()
+                .unwrap()
+                .split(';')
+                .next()
+                .unwrap()
+                .to_owned();
+            let body: Value = resp.json().await.unwrap();
+            (cookie, body["csrf_token"].as_str().unwrap().to_owned())
+        }
+    };
+    let (cookie, csrf) = sign_in(&node_a).await;
+    assert_eq!(
+        session(&node_b, &cookie).await,
+        200,
+        "opened on a, read on b"
+    );
+    let resp = http()
+        .get(node_b.url("/v1/audit/checkpoints"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    // Signed out through b: refused by a at once.
+    let resp = http()
+        .delete(node_b.url("/v1/session"))
+        .header("cookie", &cookie)
+        .header("x-csrf-token", &csrf)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 204);
+    assert_eq!(
+        session(&node_a, &cookie).await,
+        401,
+        "signed out on b, refused by a"
+    );
+    assert_eq!(session(&node_b, &cookie).await, 401);
+    // A session outlives a node's restart.
+    let (cookie, _) = sign_in(&node_b).await;
+    assert!(node_b.terminate().success());
+    let node_b = node(&dir.path().join("b"), &db, "node-b", Some(&key));
+    assert_eq!(
+        session(&node_b, &cookie).await,
+        200,
+        "still signed in after b restarted"
+    );
+    assert!(node_a.terminate().success());
+    assert!(node_b.terminate().success());
+    db.drop_database().await;
+}

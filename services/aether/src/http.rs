@@ -106,7 +106,7 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
-            crate::session::guard_csrf,
+            crate::session::resolve_session,
         ))
         .layer(axum::middleware::from_fn(colour))
         .layer(axum::middleware::from_fn(refuse_nul))
@@ -369,7 +369,7 @@ impl From<LedgerError> for Problem {
 }
 
 /// Checks the caller and that its role is one of `allowed`: the bearer token, or without
-/// one the console's session cookie (whose writes [`crate::session::guard_csrf`] checked).
+/// one the console's session cookie (whose writes [`crate::session::resolve_session`] checked).
 pub(crate) fn authorize(
     state: &AppState,
     headers: &HeaderMap,

@@ -3,11 +3,12 @@
 //! page. The cookie is `HttpOnly` and `SameSite=Strict`, lives [`SESSION_TTL`], and
 //! every API route accepts it where it accepts a bearer token ([`crate::http::authorize`]).
 //! A write made with the cookie must also carry the session's CSRF token in
-//! `X-CSRF-Token` ([`guard_csrf`]): the cookie alone authorises reads only.
+//! `X-CSRF-Token` ([`resolve_session`]): the cookie alone authorises reads only.
 //!
-//! Sessions live in this node's memory (only SM3 digests of their ids): a restart or
-//! another node of a cluster asks the person to sign in again, which fails closed. Opening
-//! and closing a session, and every page a regulator views, are recorded on
+//! Sessions are rows of `console_sessions` in the ledger's database (only the SM3 digest of
+//! each session id), so every node of a cluster accepts a session opened through any of
+//! them, a restart keeps them, and a sign-out through any node ends the session on all at
+//! once. Opening and closing a session, and every page a regulator views, are recorded on
 //! `access/audit` as their API calls are.
 
 use std::collections::HashMap;
@@ -27,6 +28,7 @@ use utoipa_axum::routes;
 use crate::audit_http::{Auditor, record_access};
 use crate::auth::{Caller, Role};
 use crate::http::{AppState, Problem, coloured};
+use aether_ledger::EventStore;
 
 /// The session cookie's name.
 pub const COOKIE: &str = "aether_session";
@@ -34,8 +36,8 @@ pub const COOKIE: &str = "aether_session";
 pub const CSRF_HEADER: &str = "x-csrf-token";
 /// How long a session lasts: a working day.
 pub const SESSION_TTL: Duration = Duration::hours(8);
-/// Most sessions one node keeps; the oldest expiring is dropped first.
-const MAX_SESSIONS: usize = 10_000;
+/// Most sessions one node keeps in its cache (the database holds them all).
+const MAX_CACHED: usize = 10_000;
 /// Longest page path a view record takes.
 const MAX_VIEW_PATH: usize = 2048;
 
@@ -47,13 +49,17 @@ pub struct Session {
     pub expires: DateTime<Utc>,
 }
 
-/// This node's sessions, by the SM3 digest of their cookie value.
+/// The console's sessions: rows of `console_sessions` in the ledger's database, shared by
+/// every node, and this node's cache of those its requests presented. [`resolve_session`]
+/// reads a request's session from the database before anything else runs (so a sign-in or
+/// sign-out through any node counts at once), and leaves it in the cache, where
+/// [`crate::http::authorize`], which cannot wait, finds it.
 #[derive(Clone, Default)]
 pub struct Sessions(Arc<Mutex<HashMap<[u8; 32], Session>>>);
 
 impl std::fmt::Debug for Sessions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Sessions({})", self.lock().len())
+        write!(f, "Sessions({} cached)", self.lock().len())
     }
 }
 
@@ -66,49 +72,174 @@ fn digest(id: &str) -> [u8; 32] {
     aether_ledger::hashing::sm3(id.as_bytes())
 }
 
+/// A session row: actor, role, CSRF token, expiry.
+type Row = (String, String, String, DateTime<Utc>);
+
 impl Sessions {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], Session>> {
         // A panic elsewhere cannot leave the map half-changed: every change is one call.
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Opens a session for `caller`: the cookie value and the session.
-    pub fn open(&self, caller: Caller, now: DateTime<Utc>) -> (String, Session) {
+    fn cache(&self, key: [u8; 32], session: Option<Session>, now: DateTime<Utc>) {
+        let mut map = self.lock();
+        match session {
+            Some(session) => {
+                if map.len() >= MAX_CACHED {
+                    map.retain(|_, s| s.expires > now);
+                }
+                if map.len() < MAX_CACHED {
+                    map.insert(key, session);
+                }
+            }
+            None => {
+                map.remove(&key);
+            }
+        }
+    }
+
+    /// Opens a session for `caller` (recorded in the database first): the cookie value and
+    /// the session. Rows expired a day ago are removed on the way.
+    pub async fn open(
+        &self,
+        store: &EventStore,
+        caller: Caller,
+        now: DateTime<Utc>,
+    ) -> Result<(String, Session), sqlx::Error> {
         let id = random_hex();
+        let key = digest(&id);
         let session = Session {
             caller,
             csrf: random_hex(),
             expires: now + SESSION_TTL,
         };
-        let mut map = self.lock();
-        map.retain(|_, s| s.expires > now);
-        if map.len() >= MAX_SESSIONS
-            && let Some(oldest) = map.iter().min_by_key(|(_, s)| s.expires).map(|(k, _)| *k)
-        {
-            map.remove(&oldest);
+        let stale = now - Duration::days(1);
+        let role = session.caller.role.name();
+        let (actor, csrf) = (&session.caller.actor, &session.csrf);
+        if let Some(pool) = store.postgres_pool() {
+            sqlx::query("DELETE FROM console_sessions WHERE expires_at < $1")
+                .bind(stale)
+                .execute(pool)
+                .await?;
+            sqlx::query(
+                "INSERT INTO console_sessions (id_digest, actor, role, csrf, expires_at) \
+                 VALUES ($1, $2, $3, $4, $5)",
+            )
+            .bind(key.as_slice())
+            .bind(actor)
+            .bind(role)
+            .bind(csrf)
+            .bind(session.expires)
+            .execute(pool)
+            .await?;
+        } else if let Some(pool) = store.sqlite_pool() {
+            sqlx::query("DELETE FROM console_sessions WHERE expires_at < ?")
+                .bind(stale.timestamp_micros())
+                .execute(pool)
+                .await?;
+            sqlx::query(
+                "INSERT INTO console_sessions (id_digest, actor, role, csrf, expires_at) \
+                 VALUES (?, ?, ?, ?, ?)",
+            )
+            .bind(key.as_slice())
+            .bind(actor)
+            .bind(role)
+            .bind(csrf)
+            .bind(session.expires.timestamp_micros())
+            .execute(pool)
+            .await?;
         }
-        map.insert(digest(&id), session.clone());
-        (id, session)
+        self.cache(key, Some(session.clone()), now);
+        Ok((id, session))
     }
 
-    /// The live session a cookie value names.
-    pub fn get(&self, id: &str, now: DateTime<Utc>) -> Option<Session> {
+    /// The live session a cookie value names, as the database has it now (opened through
+    /// any node, not closed, not expired); this node's cache follows.
+    pub async fn resolve(
+        &self,
+        store: &EventStore,
+        id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Session>, sqlx::Error> {
         let key = digest(id);
-        let mut map = self.lock();
-        match map.get(&key) {
-            Some(s) if s.expires > now => Some(s.clone()),
-            Some(_) => {
-                map.remove(&key);
-                None
-            }
-            None => None,
-        }
+        let row: Option<Row> = if let Some(pool) = store.postgres_pool() {
+            sqlx::query_as(
+                "SELECT actor, role, csrf, expires_at FROM console_sessions \
+                 WHERE id_digest = $1 AND closed_at IS NULL AND expires_at > $2",
+            )
+            .bind(key.as_slice())
+            .bind(now)
+            .fetch_optional(pool)
+            .await?
+        } else if let Some(pool) = store.sqlite_pool() {
+            let row: Option<(String, String, String, i64)> = sqlx::query_as(
+                "SELECT actor, role, csrf, expires_at FROM console_sessions \
+                 WHERE id_digest = ? AND closed_at IS NULL AND expires_at > ?",
+            )
+            .bind(key.as_slice())
+            .bind(now.timestamp_micros())
+            .fetch_optional(pool)
+            .await?;
+            row.and_then(|(a, r, c, e)| Some((a, r, c, DateTime::from_timestamp_micros(e)?)))
+        } else {
+            None
+        };
+        let session = row.and_then(|(actor, role, csrf, expires)| {
+            Some(Session {
+                caller: Caller {
+                    role: role.parse().ok()?,
+                    actor,
+                },
+                csrf,
+                expires,
+            })
+        });
+        self.cache(key, session.clone(), now);
+        Ok(session)
     }
 
-    /// Ends a session; what it was, if it was live.
-    pub fn close(&self, id: &str) -> Option<Session> {
-        self.lock().remove(&digest(id))
+    /// The session this request's cookie named when [`resolve_session`] read it.
+    pub fn get(&self, id: &str, now: DateTime<Utc>) -> Option<Session> {
+        self.lock()
+            .get(&digest(id))
+            .filter(|s| s.expires > now)
+            .cloned()
     }
+
+    /// Ends a session on every node: closed in the database, dropped from this node's cache.
+    pub async fn close(
+        &self,
+        store: &EventStore,
+        id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), sqlx::Error> {
+        let key = digest(id);
+        self.cache(key, None, now);
+        if let Some(pool) = store.postgres_pool() {
+            sqlx::query("UPDATE console_sessions SET closed_at = $2 WHERE id_digest = $1")
+                .bind(key.as_slice())
+                .bind(now)
+                .execute(pool)
+                .await?;
+        } else if let Some(pool) = store.sqlite_pool() {
+            sqlx::query("UPDATE console_sessions SET closed_at = ? WHERE id_digest = ?")
+                .bind(now.timestamp_micros())
+                .bind(key.as_slice())
+                .execute(pool)
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+fn unavailable(e: sqlx::Error) -> Problem {
+    tracing::error!(error = %e, "console sessions could not be read or written");
+    Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "Sessions unavailable",
+        "the console's sessions could not be read or written; see the server log",
+    )
+    .retry_after(1)
 }
 
 /// The value of the session cookie among the request's cookies.
@@ -123,23 +254,32 @@ pub fn cookie(headers: &HeaderMap) -> Option<&str> {
         .map(|(_, value)| value.trim())
 }
 
-/// Refuses a write made with the session cookie (and no bearer token) unless it carries
-/// the session's CSRF token: `SameSite=Strict` already keeps other sites' requests from
-/// carrying the cookie; this keeps any request the page did not make from writing.
-pub async fn guard_csrf(
+/// Reads the session the request's cookie names (when it has no bearer token) from the
+/// database, for [`crate::http::authorize`], and refuses a write made with the cookie unless
+/// it carries the session's CSRF token: `SameSite=Strict` already keeps other sites'
+/// requests from carrying the cookie; this keeps any request the page did not make from
+/// writing.
+pub async fn resolve_session(
     State(state): State<AppState>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
+    let headers = request.headers();
+    if headers.contains_key(header::AUTHORIZATION) {
+        return next.run(request).await;
+    }
+    let Some(id) = cookie(headers) else {
+        return next.run(request).await;
+    };
+    let session = match state.sessions.resolve(&state.store, id, Utc::now()).await {
+        Ok(session) => session,
+        Err(e) => return unavailable(e).into_response(),
+    };
     let safe = matches!(
         *request.method(),
         Method::GET | Method::HEAD | Method::OPTIONS
     );
-    let headers = request.headers();
-    if !safe
-        && !headers.contains_key(header::AUTHORIZATION)
-        && let Some(session) = cookie(headers).and_then(|id| state.sessions.get(id, Utc::now()))
-    {
+    if !safe && let Some(session) = session {
         let presented = headers
             .get(CSRF_HEADER)
             .map(HeaderValue::as_bytes)
@@ -246,7 +386,11 @@ async fn open(State(state): State<AppState>, request: axum::extract::Request) ->
             json!({ "expires_at": expires.to_rfc3339_opts(SecondsFormat::Secs, true) }),
         )
         .await?;
-        let (id, session) = state.sessions.open(caller, now);
+        let (id, session) = state
+            .sessions
+            .open(&state.store, caller, now)
+            .await
+            .map_err(unavailable)?;
         tracing::info!(actor = %session.caller.actor, "console session opened");
         let cookie = set_cookie(&parts.headers, &id, SESSION_TTL.num_seconds());
         Ok((
@@ -289,7 +433,11 @@ async fn close(State(state): State<AppState>, request: axum::extract::Request) -
             return Ok(StatusCode::NO_CONTENT.into_response());
         }
         let (id, session) = current(&state, &parts.headers)?;
-        state.sessions.close(&id);
+        state
+            .sessions
+            .close(&state.store, &id, Utc::now())
+            .await
+            .map_err(unavailable)?;
         let trace_id = coloured(&parts)?.trace_id.clone();
         // Closed first: a failed record must not leave the person signed in.
         record_access(
@@ -371,23 +519,60 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_session_lives_until_it_expires_or_is_closed() {
-        let sessions = Sessions::default();
+    #[tokio::test]
+    async fn a_session_lives_until_it_expires_or_is_closed_on_every_node() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("sqlite:{}", dir.path().join("l.db").display());
+        let store = EventStore::connect(&url, aether_ledger::StoreConfig::default())
+            .await
+            .expect("store");
+        // Two nodes: two caches over one database.
+        let (a, b) = (Sessions::default(), Sessions::default());
         let now = Utc::now();
-        let (id, session) = sessions.open(caller(), now);
+        let (id, session) = a.open(&store, caller(), now).await.expect("open");
         assert_eq!(id.len(), 64);
         assert_ne!(session.csrf, id);
-        assert!(sessions.get(&id, now).is_some());
-        assert!(sessions.get("not-a-session", now).is_none());
-        assert!(sessions.get(&id, now + SESSION_TTL).is_none(), "expired");
+        assert!(a.get(&id, now).is_some());
         assert!(
-            sessions.get(&id, now).is_none(),
-            "an expired session is dropped"
+            b.get(&id, now).is_none(),
+            "not in b's cache before b reads it"
         );
-        let (id, _) = sessions.open(caller(), now);
-        assert!(sessions.close(&id).is_some());
-        assert!(sessions.get(&id, now).is_none());
+        let read = b.resolve(&store, &id, now).await.expect("resolve");
+        assert_eq!(read.map(|s| s.csrf), Some(session.csrf.clone()));
+        assert!(b.get(&id, now).is_some());
+        assert!(
+            b.resolve(&store, "not-a-session", now)
+                .await
+                .expect("resolve")
+                .is_none()
+        );
+        assert!(
+            b.resolve(&store, &id, now + SESSION_TTL)
+                .await
+                .expect("resolve")
+                .is_none(),
+            "expired"
+        );
+        assert!(
+            b.get(&id, now).is_none(),
+            "an expired session leaves the cache"
+        );
+        // Closed through a: b's next read finds it gone.
+        assert!(
+            a.resolve(&store, &id, now)
+                .await
+                .expect("resolve")
+                .is_some()
+        );
+        a.close(&store, &id, now).await.expect("close");
+        assert!(a.get(&id, now).is_none());
+        assert!(
+            b.resolve(&store, &id, now)
+                .await
+                .expect("resolve")
+                .is_none()
+        );
+        store.shutdown().await;
     }
 
     #[test]
