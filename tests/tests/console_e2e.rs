@@ -281,20 +281,7 @@ async fn a_console_session_reads_writes_with_csrf_is_recorded_and_ends() {
 async fn search_finds_nodes_event_types_and_runs_and_the_page_is_served() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(&dir.path().join("data"), &[]);
-    let policy = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../services/rules/policies/aml_v2.yaml"),
-    )
-    .unwrap();
-    let resp = http()
-        .post(server.url("/v1/policy/ingest"))
-        .bearer_auth(OPERATOR_TOKEN)
-        .header("content-type", "application/yaml")
-        .body(policy)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 201, "{}", resp.text().await.unwrap());
+    aether_e2e::clearing::ingest_aml_v2(&server).await;
 
     let search = |query: Vec<(&'static str, String)>| {
         let server = &server;
