@@ -835,3 +835,54 @@ fn a_grpc_address_in_use_stops_serve_with_a_plain_error() {
         );
     }
 }
+
+/// The value of the Prometheus sample `name{stage="<stage>"}` (a count, sum, gauge or
+/// counter), if the text has it.
+fn stage_sample(metrics: &str, name: &str, stage: &str) -> Option<f64> {
+    let prefix = format!("{name}{{stage=\"{stage}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Each stage of a clearing request is timed against its share of the latency budget: a
+/// histogram per stage, the budgets as gauges, and a count each time a stage runs over (here
+/// the batch stage, given no time at all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_stage_is_timed_against_its_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start_with(&data, &["--budget-batch-ms", "0"], &[]);
+    activate(&server).await;
+    let mut bank_a = client(&server, &data, "bank-a").await;
+    for n in 0..3 {
+        bank_a
+            .submit(&format!("req-budget-{n}"), &trade(125_000))
+            .await
+            .unwrap();
+    }
+    let metrics = aether_e2e::metrics(&server).await;
+    for stage in ["gateway", "orchestration", "batch", "commit"] {
+        assert_eq!(
+            stage_sample(&metrics, "aether_clearing_stage_seconds_count", stage),
+            Some(3.0),
+            "{stage} timed once per request:\n{metrics}"
+        );
+    }
+    assert_eq!(
+        stage_sample(&metrics, "aether_clearing_stage_budget_seconds", "gateway"),
+        Some(0.03),
+        "the design's 30 ms by default"
+    );
+    assert_eq!(
+        stage_sample(&metrics, "aether_clearing_stage_budget_seconds", "batch"),
+        Some(0.0)
+    );
+    assert_eq!(
+        stage_sample(&metrics, "aether_clearing_budget_burn_total", "batch"),
+        Some(3.0),
+        "every request over a zero budget"
+    );
+    assert!(server.terminate().success());
+}

@@ -84,6 +84,19 @@ pub struct ClearingArgs {
     /// for measuring what explanations cost.
     #[arg(long, env = "AETHER_NO_EXPLANATIONS")]
     pub no_explanations: bool,
+    /// The gateway stage's latency budget, ms (envelope open, validation, answer sealing);
+    /// each stage's time is a histogram and each time over budget a count in `/metrics`.
+    #[arg(long, env = "AETHER_BUDGET_GATEWAY_MS", default_value_t = 30)]
+    pub budget_gateway_ms: u64,
+    /// The orchestration stage's budget, ms (routing, rules, RAG citations).
+    #[arg(long, env = "AETHER_BUDGET_ORCHESTRATION_MS", default_value_t = 50)]
+    pub budget_orchestration_ms: u64,
+    /// The batch subsystem's budget, ms (queue wait and scoring, a fallback included).
+    #[arg(long, env = "AETHER_BUDGET_BATCH_MS", default_value_t = 100)]
+    pub budget_batch_ms: u64,
+    /// The ledger commit's budget, ms (the asynchronous trigger of every lineage record).
+    #[arg(long, env = "AETHER_BUDGET_COMMIT_MS", default_value_t = 20)]
+    pub budget_commit_ms: u64,
     /// JSON file with the rules' risk settings: `{reporting_threshold_minor,
     /// high_risk_jurisdictions, limits}`.
     #[arg(long, env = "AETHER_RISK_SETTINGS")]
@@ -164,6 +177,12 @@ pub async fn start(
         observations,
         explain_cleared_percent: args.explain_cleared_percent,
         explanations: !args.no_explanations,
+        budgets: aether_gateway::budgets::StageBudgets {
+            gateway: Duration::from_millis(args.budget_gateway_ms),
+            orchestration: Duration::from_millis(args.budget_orchestration_ms),
+            batch: Duration::from_millis(args.budget_batch_ms),
+            commit: Duration::from_millis(args.budget_commit_ms),
+        },
         ..GatewayConfig::default()
     };
     config.batcher.max_batch = args.batch_max.max(1);

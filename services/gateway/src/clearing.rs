@@ -23,6 +23,7 @@ use serde_json::{Value, json};
 use tokio::sync::{OnceCell, oneshot};
 
 use crate::batcher::{Batcher, BatcherConfig, Job, ModelHandle, RecordError};
+use crate::budgets::Stage;
 use crate::lookups::RecordedLookups;
 use crate::observations::{
     Observed, ShadowJob, ShadowQueue, ShadowSettings, Verdict, feature_map, in_shadow_sample,
@@ -158,6 +159,8 @@ pub struct GatewayConfig {
     /// Off: no decision is explained; a held or rejected one says so (for measuring what
     /// explanations cost, and for models without a training book).
     pub explanations: bool,
+    /// Each stage's share of the request's latency budget (`crate::budgets`).
+    pub budgets: crate::budgets::StageBudgets,
 }
 
 impl Default for GatewayConfig {
@@ -172,6 +175,7 @@ impl Default for GatewayConfig {
             shadow: ShadowSettings::default(),
             explain_cleared_percent: 0,
             explanations: true,
+            budgets: crate::budgets::StageBudgets::default(),
         }
     }
 }
@@ -316,12 +320,19 @@ struct Route {
 }
 
 impl ClearingGateway {
+    /// Each stage's latency budget, for the stages timed outside the gateway (the gRPC
+    /// service's envelope work).
+    pub fn budgets(&self) -> crate::budgets::StageBudgets {
+        self.inner.config.budgets
+    }
+
     pub fn new(
         store: EventStore,
         control: ControlState,
         config: GatewayConfig,
         workers: WorkerPool,
     ) -> Self {
+        config.budgets.publish();
         let batcher = Batcher::start(config.batcher.clone(), store.clone(), workers);
         // The shadow scorer loads models through the gateway but must not keep it alive.
         let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| {
@@ -478,6 +489,8 @@ impl ClearingGateway {
 
         // Score in a batch; while the candidate's fallback path is on, the baseline
         // decides a request the candidate fails.
+        let budgets = self.inner.config.budgets;
+        budgets.record(Stage::Orchestration, started.elapsed());
         let context_for_model = TradeContext {
             hour_utc: u8::try_from(now.hour()).unwrap_or(0),
             velocity,
@@ -493,6 +506,7 @@ impl ClearingGateway {
             aether.batch_size = tracing::field::Empty,
             aether.explained = explain,
         );
+        let scoring = Instant::now();
         let (model, scored, fallback) = match self
             .score(
                 &route.model_ref,
@@ -518,6 +532,7 @@ impl ClearingGateway {
                 (model, scored, Some((baseline.clone(), taken)))
             }
         };
+        budgets.record(Stage::Batch, scoring.elapsed());
 
         score_span.record("aether.worker", scored.worker.as_str());
         score_span.record("aether.device", scored.device.as_str());
@@ -601,6 +616,7 @@ impl ClearingGateway {
             "snapshot_id": snapshot_id,
         })));
         // Committed with the batch's netting, in one append.
+        let committing = Instant::now();
         let committed = match scored
             .recorder
             .record(clearing_stream(&s.member_id), event)
@@ -631,6 +647,7 @@ impl ClearingGateway {
             }
             Err(RecordError::Failed(e)) => return Err(ClearError::Ledger(e)),
         };
+        budgets.record(Stage::Commit, committing.elapsed());
         self.inner
             .risk
             .record(&trade, decision == Decision::Cleared, now);

@@ -76,6 +76,8 @@ impl ClearingServer {
         key_header: Option<&str>,
         sealed: SealedRequest,
     ) -> Result<SealedResponse, Status> {
+        // The gateway stage's time: opening and checking here, sealing at the end.
+        let received = std::time::Instant::now();
         peer.authorize_member(&sealed.member_id)?;
         let aad = Aad {
             direction: Direction::Request,
@@ -142,6 +144,7 @@ impl ClearingServer {
                 request.trace_id.clone()
             }
         };
+        let opening = received.elapsed();
         let clearing = self.gateway.clear(Submission {
             member_id: sealed.member_id.clone(),
             request_id: sealed.request_id.clone(),
@@ -171,12 +174,16 @@ impl ClearingServer {
         let answer = decided.map_err(clear_status)?;
         let plaintext = to_pb(answer).encode_to_vec();
         let issued_at = unix_now();
+        let sealing = std::time::Instant::now();
         let out = span
             .in_scope(|| {
                 let _seal = crate::stage_span!("envelope.seal").entered();
                 seal(&opened.key, &aad.response(issued_at), &plaintext)
             })
             .map_err(envelope_status)?;
+        self.gateway
+            .budgets()
+            .record(crate::budgets::Stage::Gateway, opening + sealing.elapsed());
         Ok(SealedResponse {
             request_id: sealed.request_id,
             nonce: out.nonce.to_vec(),
