@@ -294,6 +294,11 @@ test('a regulator and an operator use the console', { timeout: 600_000 }, async 
     await op.waitForSelector('aside >> text=proofs are shown to regulators');
     await accessible(op, 'the lineage graph for an operator');
     await snap(op, 'operator-lineage');
+    // The rollout board shows an operator the rollback too, and the snapshot it restored.
+    await op.click('nav >> text=Rollouts');
+    await op.waitForSelector('[data-testid=rollback]');
+    assert.ok((await op.textContent('[data-testid=rollback]')).includes(rollback.payload.target_snapshot));
+    await snap(op, 'operator-rollouts');
     await op.context().close();
   });
 

@@ -133,6 +133,22 @@ export async function rollouts(asOf: string | null, regulator: boolean): Promise
   return { list: r.rollouts.filter((x) => before(x.started_at, asOf)), past: false };
 }
 
+/**
+ * The rollout's rollbacks as an operator reads them (the audit API is the regulator's): the
+ * rollbacks `/v1/snapshots` lists, each read by its seq from the ledger, this rollout's kept.
+ */
+async function operatorRollbacks(rollout: Rollout, asOf: string | null): Promise<Rollback[]> {
+  const listed = await get<{ rollbacks: { seq: number; target_snapshot: string; reason: string }[] }>('/v1/snapshots');
+  const read = await Promise.all(listed.rollbacks.filter((r) => r.seq > 0).map((r) => get<LedgerEvent>(`/v1/events/${r.seq}`)));
+  return read
+    .filter((e) => Date.parse(e.recorded_at) >= Date.parse(rollout.started_at) && before(e.recorded_at, asOf))
+    .filter((e) => JSON.stringify(e.payload).includes(rollout.id))
+    .map((e) => {
+      const p = e.payload as any;
+      return { seq: e.seq, at: e.recorded_at, reason: p.reason ?? '', snapshot: p.target_snapshot ?? '', event: e };
+    });
+}
+
 export async function board(rollout: Rollout, asOf: string | null, regulator: boolean): Promise<Board> {
   const analysis = await get<{ checks: AnalysisCheck[] }>(`/v1/rollouts/${enc(rollout.id)}/analysis?limit=100`);
   const checks = analysis.checks.filter((c) => before(c.recorded_at, asOf)).reverse();
@@ -164,6 +180,7 @@ export async function board(rollout: Rollout, asOf: string | null, regulator: bo
         return { seq: e.seq, at: e.recorded_at, reason: p.reason ?? '', snapshot: p.target_snapshot ?? (e.metadata as any)?.snapshot_id ?? '', event: e };
       });
   }
+  if (!regulator) rollbacks = await operatorRollbacks(rollout, asOf);
   const rows = checks.map((c) => fromAssessed(c, assessed.get(c.window_end), drifts.get(c.window_end)));
   if (!weights.length) weights = rows.filter((c) => c.weight !== null).map((c) => [Date.parse(c.at), c.weight!]);
   return { rollout, checks: rows, weights, rollbacks, metrics: rows.some((c) => c.candidate !== null) };
