@@ -85,6 +85,8 @@ pub enum BundleError {
     },
     #[error("event seq {seq} lies beyond the anchor checkpoint's tree size {anchor_tree_size}")]
     EventBeyondAnchor { seq: u64, anchor_tree_size: u64 },
+    #[error("events must be written in ascending seq: {seq} came after {previous}")]
+    EventsNotAscending { previous: u64, seq: u64 },
     #[error("event seq {seq} appears more than once")]
     DuplicateEvent { seq: u64 },
     #[error("filters must be a JSON object")]
@@ -238,6 +240,64 @@ impl Bundle {
         mut events: Vec<RecordedEvent>,
         tree: &(impl MerkleProofs + ?Sized),
         checkpoints: Vec<SignedCheckpoint>,
+        rotations: Vec<KeyRotation>,
+        filters: serde_json::Value,
+        created_at: DateTime<Utc>,
+    ) -> Result<Bundle, BundleError> {
+        let mut bundle = Self::head(tree, checkpoints, rotations, filters, created_at)?;
+        events.sort_by_key(|e| e.seq);
+        let mut order = EventOrder::new(bundle.anchor_tree_size());
+        bundle.events.reserve(events.len());
+        for event in &events {
+            order.admit(event.seq)?;
+            bundle
+                .events
+                .push(bundle_event(event, tree, order.anchor_tree_size)?);
+        }
+        Ok(bundle)
+    }
+
+    /// Starts a bundle written as it is built, so that an export of any size holds one page
+    /// of events in memory rather than all of them: the same checks as
+    /// [`build_rotated`](Self::build_rotated), then the bytes that open the document (up to
+    /// and including `"events":[`) and the [`EventWriter`] that appends each event. What the
+    /// pieces make together is byte for byte what [`to_vec`](Self::to_vec) makes of the
+    /// bundle built whole from the same events.
+    pub fn begin_rotated(
+        tree: &(impl MerkleProofs + ?Sized),
+        checkpoints: Vec<SignedCheckpoint>,
+        rotations: Vec<KeyRotation>,
+        filters: serde_json::Value,
+        created_at: DateTime<Utc>,
+    ) -> Result<(Vec<u8>, EventWriter), BundleError> {
+        let head = Self::head(tree, checkpoints, rotations, filters, created_at)?;
+        let mut bytes = head.to_vec()?;
+        // Compact JSON of a bundle without events or lineage ends `"events":[]}`.
+        let closing = b"]}";
+        if !bytes.ends_with(b"\"events\":[]}") {
+            return Err(BundleError::Json(serde::ser::Error::custom(
+                "the bundle head does not end with its events member",
+            )));
+        }
+        bytes.truncate(bytes.len() - closing.len());
+        Ok((
+            bytes,
+            EventWriter {
+                order: EventOrder::new(head.anchor_tree_size()),
+            },
+        ))
+    }
+
+    /// The anchor's tree size (0 for a bundle without checkpoints, which no build makes).
+    fn anchor_tree_size(&self) -> u64 {
+        self.anchor().map_or(0, |a| a.tree_size)
+    }
+
+    /// A bundle without events: the checks on checkpoints and rotations, the public key and
+    /// the consistency proofs.
+    fn head(
+        tree: &(impl MerkleProofs + ?Sized),
+        checkpoints: Vec<SignedCheckpoint>,
         mut rotations: Vec<KeyRotation>,
         filters: serde_json::Value,
         created_at: DateTime<Utc>,
@@ -305,8 +365,6 @@ impl Bundle {
                 });
             }
         }
-        let anchor_tree_size = anchor.tree_size;
-
         let consistency = checkpoints
             .windows(2)
             .filter_map(|pair| match pair {
@@ -322,24 +380,6 @@ impl Bundle {
             })
             .collect::<Result<Vec<_>, BundleError>>()?;
 
-        events.sort_by_key(|e| e.seq);
-        let mut bundle_events = Vec::with_capacity(events.len());
-        let mut last_seq = None;
-        for event in &events {
-            if last_seq == Some(event.seq) {
-                return Err(BundleError::DuplicateEvent { seq: event.seq });
-            }
-            last_seq = Some(event.seq);
-            if event.seq == 0 || event.seq > anchor_tree_size {
-                return Err(BundleError::EventBeyondAnchor {
-                    seq: event.seq,
-                    anchor_tree_size,
-                });
-            }
-            let proof = tree.inclusion_proof(event.seq - 1, anchor_tree_size)?;
-            bundle_events.push(BundleEvent::from_recorded(event, proof));
-        }
-
         Ok(Bundle {
             format: FORMAT.to_owned(),
             created_at,
@@ -348,7 +388,7 @@ impl Bundle {
             key_rotations: rotations,
             checkpoints,
             consistency,
-            events: bundle_events,
+            events: Vec::new(),
             lineage: None,
         })
     }
@@ -484,6 +524,95 @@ impl Bundle {
             other => other,
         })
     }
+}
+
+/// Appends the events of a bundle started by [`Bundle::begin_rotated`], in ascending seq,
+/// each with its inclusion proof against the anchor.
+#[derive(Debug)]
+pub struct EventWriter {
+    order: EventOrder,
+}
+
+impl EventWriter {
+    /// Appends `event` and its inclusion proof (from `tree`) to `out`. An event not above
+    /// the previous one, or beyond the anchor, is refused and nothing is appended.
+    pub fn write(
+        &mut self,
+        event: &RecordedEvent,
+        tree: &(impl MerkleProofs + ?Sized),
+        out: &mut Vec<u8>,
+    ) -> Result<(), BundleError> {
+        let first = self.order.last_seq.is_none();
+        let mut order = self.order;
+        order.admit(event.seq)?;
+        let entry = bundle_event(event, tree, order.anchor_tree_size)?;
+        if !first {
+            out.push(b',');
+        }
+        serde_json::to_writer(&mut *out, &entry)?;
+        self.order = order;
+        Ok(())
+    }
+
+    /// How many events were written.
+    pub fn written(&self) -> u64 {
+        self.order.written
+    }
+
+    /// The bytes that close the document.
+    pub fn finish(self) -> &'static [u8] {
+        b"]}"
+    }
+}
+
+/// The order a bundle's events must follow: strictly ascending seq, from 1 to the anchor.
+#[derive(Clone, Copy, Debug)]
+struct EventOrder {
+    anchor_tree_size: u64,
+    last_seq: Option<u64>,
+    written: u64,
+}
+
+impl EventOrder {
+    fn new(anchor_tree_size: u64) -> Self {
+        EventOrder {
+            anchor_tree_size,
+            last_seq: None,
+            written: 0,
+        }
+    }
+
+    fn admit(&mut self, seq: u64) -> Result<(), BundleError> {
+        match self.last_seq {
+            Some(last) if last == seq => return Err(BundleError::DuplicateEvent { seq }),
+            Some(last) if last > seq => {
+                return Err(BundleError::EventsNotAscending {
+                    previous: last,
+                    seq,
+                });
+            }
+            _ => {}
+        }
+        if seq == 0 || seq > self.anchor_tree_size {
+            return Err(BundleError::EventBeyondAnchor {
+                seq,
+                anchor_tree_size: self.anchor_tree_size,
+            });
+        }
+        self.last_seq = Some(seq);
+        self.written += 1;
+        Ok(())
+    }
+}
+
+/// `event` in bundle form with its inclusion proof against a tree of `anchor_tree_size`.
+fn bundle_event(
+    event: &RecordedEvent,
+    tree: &(impl MerkleProofs + ?Sized),
+    anchor_tree_size: u64,
+) -> Result<BundleEvent, BundleError> {
+    let proof = tree.inclusion_proof(event.seq - 1, anchor_tree_size)?;
+    Ok(BundleEvent::from_recorded(event, proof))
 }
 
 /// The `format` member of a JSON document, if it has a string one.

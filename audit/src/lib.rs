@@ -11,7 +11,9 @@ pub mod bundle;
 pub mod offline;
 pub mod redaction;
 
-pub use bundle::{Bundle, BundleError, BundleEvent, ConsistencyProof, FORMAT, ReadLimits};
+pub use bundle::{
+    Bundle, BundleError, BundleEvent, ConsistencyProof, EventWriter, FORMAT, ReadLimits,
+};
 pub use offline::{
     Problem, ProblemKind, Verdict, key_fingerprint, verify_bundle, verify_bundle_file,
     verify_bundle_with_progress,

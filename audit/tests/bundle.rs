@@ -828,6 +828,94 @@ fn the_builder_refuses_what_cannot_be_proven() {
     );
 }
 
+// ------------------------------------------------------------------ streamed bundles
+
+/// A bundle written piece by piece (as `POST /v1/audit/exports` streams it) is the bundle
+/// built whole, byte for byte, with zero, one or many events; the writer refuses events
+/// out of order, twice or past the anchor, and appends nothing for them.
+#[test]
+fn a_streamed_bundle_is_the_built_bundle_byte_for_byte() {
+    let f = fixture();
+    let filters = json!({"event_type": "ClearingDecided"});
+    for seqs in [&[][..], &[4][..], SEQS] {
+        let whole = Bundle::build(
+            f.ledger.select(seqs),
+            &f.ledger.tree,
+            f.checkpoints.clone(),
+            filters.clone(),
+            t0(),
+        )
+        .unwrap()
+        .to_vec()
+        .unwrap();
+        let (mut streamed, mut writer) = Bundle::begin_rotated(
+            &f.ledger.tree,
+            f.checkpoints.clone(),
+            vec![],
+            filters.clone(),
+            t0(),
+        )
+        .unwrap();
+        for event in f.ledger.select(seqs) {
+            writer.write(&event, &f.ledger.tree, &mut streamed).unwrap();
+        }
+        assert_eq!(writer.written(), seqs.len() as u64);
+        streamed.extend_from_slice(writer.finish());
+        assert_eq!(
+            String::from_utf8(streamed.clone()).unwrap(),
+            String::from_utf8(whole).unwrap()
+        );
+        let verdict = verify_trusted(&f, &Bundle::from_slice(&streamed).unwrap());
+        assert!(verdict.ok, "{verdict}");
+    }
+
+    let (_, mut writer) = Bundle::begin_rotated(
+        &f.ledger.tree,
+        f.checkpoints.clone(),
+        vec![],
+        json!({}),
+        t0(),
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    let events = f.ledger.select(&[5, 3]);
+    writer.write(&events[0], &f.ledger.tree, &mut out).unwrap();
+    let before = out.len();
+    assert!(matches!(
+        writer.write(&events[0], &f.ledger.tree, &mut out),
+        Err(BundleError::DuplicateEvent { seq: 5 })
+    ));
+    assert!(matches!(
+        writer.write(&events[1], &f.ledger.tree, &mut out),
+        Err(BundleError::EventsNotAscending {
+            previous: 5,
+            seq: 3
+        })
+    ));
+    assert_eq!(out.len(), before, "a refused event appends nothing");
+    assert_eq!(writer.written(), 1);
+    let (_, mut short) = Bundle::begin_rotated(
+        &f.ledger.tree,
+        vec![f.checkpoints[0].clone()],
+        vec![],
+        json!({}),
+        t0(),
+    )
+    .unwrap();
+    assert!(matches!(
+        short.write(&f.ledger.select(&[8])[0], &f.ledger.tree, &mut out),
+        Err(BundleError::EventBeyondAnchor {
+            seq: 8,
+            anchor_tree_size: 7
+        })
+    ));
+    // The head is checked as a whole build is.
+    assert!(matches!(
+        Bundle::begin_rotated(&f.ledger.tree, vec![], vec![], json!({}), t0()),
+        Err(BundleError::NoCheckpoints)
+    ));
+}
+
 // ------------------------------------------------------------------ parsing
 
 #[test]

@@ -17,6 +17,7 @@
 //! | `SnapshotCommitted` | `snapshot.commit` | COMPLETE |
 //! | `SnapshotAborted` | `snapshot.commit` | ABORT |
 //! | `ClearingDecided`, `NettingComputed` | `clearing.batch` | COMPLETE |
+//! | `ScoringDegraded`, `ScoringRestored` (the scoring breaker's switches) | `clearing.breaker` | COMPLETE |
 //! | `CheckpointSigned` | `ledger.checkpoint` | COMPLETE |
 //! | `RedactionApplied` | `ledger.redaction` | COMPLETE |
 //! | `AuditQueried` | `audit.access` | COMPLETE |
@@ -49,6 +50,8 @@ pub const ROLLOUT_ROLLBACK: &str = "rollout.rollback";
 pub const ROLLOUT_ANALYSIS: &str = "rollout.analysis";
 pub const SNAPSHOT_COMMIT: &str = "snapshot.commit";
 pub const CLEARING_BATCH: &str = "clearing.batch";
+/// A switch of the scoring breaker (to in-process scoring and back).
+pub const CLEARING_BREAKER: &str = "clearing.breaker";
 pub const LEDGER_CHECKPOINT: &str = "ledger.checkpoint";
 pub const LEDGER_REDACTION: &str = "ledger.redaction";
 pub const AUDIT_ACCESS: &str = "audit.access";
@@ -119,6 +122,7 @@ impl Change {
             "SnapshotCommitted" => (SNAPSHOT_COMMIT, Complete),
             "SnapshotAborted" => (SNAPSHOT_COMMIT, Abort),
             "ClearingDecided" | "NettingComputed" => (CLEARING_BATCH, Complete),
+            "ScoringDegraded" | "ScoringRestored" => (CLEARING_BREAKER, Complete),
             CHECKPOINT_EVENT_TYPE => (LEDGER_CHECKPOINT, Complete),
             REDACTION_EVENT_TYPE => (LEDGER_REDACTION, Complete),
             "AuditQueried" => (AUDIT_ACCESS, Complete),
@@ -177,6 +181,8 @@ pub const EVENT_TYPES: &[&str] = &[
     "SnapshotAborted",
     "ClearingDecided",
     "NettingComputed",
+    "ScoringDegraded",
+    "ScoringRestored",
     CHECKPOINT_EVENT_TYPE,
     REDACTION_EVENT_TYPE,
     "AuditQueried",

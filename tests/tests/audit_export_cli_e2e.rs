@@ -140,3 +140,91 @@ fn audit_verify_exit_statuses_are_the_documented_ones() {
         "{help}"
     );
 }
+
+/// An export of several pages is streamed as it is built (no `Content-Length`, a page of
+/// events at a time) and is still one bundle that verifies offline, with every event the
+/// filter selects; once downloaded, the regulator's one export place is free again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_export_is_streamed_and_verifies_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &[("AETHER_CHECKPOINT_EVERY_EVENTS", "500")]);
+    const EVENTS: u64 = 2_600;
+    for batch in 0..(EVENTS / 200) {
+        let events: Vec<_> = (0..200)
+            .map(|i| {
+                json!({"event_type": "TradeBooked", "payload": {"n": batch * 200 + i},
+                       "metadata": {"member": "m-bulk"}})
+            })
+            .collect();
+        let resp = http()
+            .post(server.url("/v1/events"))
+            .bearer_auth(OPERATOR_TOKEN)
+            .json(&json!({"stream_id": "trades/m-bulk", "events": events}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 201);
+    }
+    let filter = json!({"member": "m-bulk", "limit": 100_000});
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (resp, anchor) = loop {
+        let body: serde_json::Value = http()
+            .get(server.url("/v1/audit/checkpoints"))
+            .bearer_auth(REGULATOR_TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let anchor = body["checkpoints"]
+            .as_array()
+            .and_then(|c| c.last())
+            .and_then(|c| c["checkpoint"]["tree_size"].as_u64())
+            .unwrap_or(0);
+        if anchor >= EVENTS {
+            let resp = http()
+                .post(server.url("/v1/audit/exports"))
+                .bearer_auth(REGULATOR_TOKEN)
+                .json(&filter)
+                .send()
+                .await
+                .unwrap();
+            break (resp, anchor);
+        }
+        assert!(Instant::now() < deadline, "no checkpoint covers the events");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.content_length(), None, "{:?}", resp.headers());
+    assert_eq!(resp.headers()["transfer-encoding"], "chunked");
+    let bytes = resp.bytes().await.unwrap();
+    let bundle: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    let seqs: Vec<u64> = bundle["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs.len() as u64, EVENTS.min(anchor));
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]));
+    let file = dir.path().join("bulk.json");
+    std::fs::write(&file, &bytes).unwrap();
+    let out = aether_e2e::audit_verify(&file, &data.join("keys").join(PUBLIC_KEY_FILE));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // Once the download ended the place is free again.
+    let again = http()
+        .post(server.url("/v1/audit/exports"))
+        .bearer_auth(REGULATOR_TOKEN)
+        .json(&json!({"member": "m-bulk", "limit": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 200);
+    assert!(server.terminate().success());
+}

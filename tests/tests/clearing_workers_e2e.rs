@@ -376,3 +376,106 @@ async fn a_draining_worker_answers_the_batch_it_holds_before_it_exits() {
     assert_eq!(all[0]["payload"]["worker"], "worker-1");
     assert!(server.terminate().success());
 }
+
+/// The breaker on the scoring stage (issue 40): a worker made slow on purpose (150 ms a
+/// batch, past the 85 ms threshold) opens it, and batches are then scored in process, the
+/// switch on the ledger with the p99 that decided it; once a fast worker replaces the slow
+/// one, probes find it within the threshold, the breaker closes (on the ledger too) and
+/// batches go to the worker again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_workers_trip_the_breaker_to_in_process_scoring_and_recovery_closes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(
+        &data,
+        &[
+            ("AETHER_BREAKER_MIN_BATCHES", "4"),
+            ("AETHER_BREAKER_PROBE_AFTER_MS", "300"),
+        ],
+    );
+    activate(&server).await;
+    let slow = WorkerProcess::start(&server, &data, "worker-1", 150);
+    let mut bank_a = client(&server, &data, "bank-a").await;
+    for n in 0..4i64 {
+        bank_a
+            .submit(&format!("slow-{n}"), &trade(10_000 + n))
+            .await
+            .unwrap();
+    }
+    let all = decisions(&server).await;
+    assert!(
+        all.iter().all(|d| d["payload"]["worker"] == "worker-1"),
+        "{all:?}"
+    );
+    // The fourth slow batch opened it, before its trade was answered.
+    let degraded = events_of_type(&server, "ScoringDegraded").await;
+    assert_eq!(degraded.len(), 1, "{degraded:?}");
+    let figures = &degraded[0]["payload"];
+    assert_eq!(degraded[0]["stream_id"], "worker/breaker");
+    assert_eq!(figures["path"], "in-process");
+    assert_eq!(figures["threshold_ms"], 85.0);
+    assert_eq!(figures["batches"], 4);
+    assert!(figures["p99_ms"].as_f64().unwrap() >= 150.0, "{figures}");
+
+    // Degraded: scored in process while the slow worker is still connected.
+    bank_a.submit("degraded-0", &trade(20_000)).await.unwrap();
+    let last = decisions(&server).await.pop().unwrap();
+    assert_eq!(last["payload"]["worker"], "in-process", "{last}");
+
+    // A fast worker replaces the slow one; the probes find it and the breaker closes.
+    drop(slow);
+    aether_e2e::clearing::issue_worker_certificate(&data, "worker-2");
+    let _fast = WorkerProcess::start(&server, &data, "worker-2", 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut n = 0i64;
+    let restored = loop {
+        n += 1;
+        bank_a
+            .submit(&format!("recovering-{n}"), &trade(30_000 + n))
+            .await
+            .unwrap();
+        let restored = events_of_type(&server, "ScoringRestored").await;
+        if !restored.is_empty() {
+            break restored;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the breaker did not close"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let figures = &restored[0]["payload"];
+    assert_eq!(figures["path"], "remote");
+    let probes = figures["probe_ms"].as_array().unwrap();
+    assert_eq!(probes.len(), 3, "{figures}");
+    assert!(
+        probes.iter().all(|p| p.as_f64().unwrap() <= 85.0),
+        "{figures}"
+    );
+    assert!(
+        figures["batches_in_process"].as_u64().unwrap() >= 1,
+        "{figures}"
+    );
+    assert!(
+        figures["degraded_ms"].as_f64().unwrap() >= 300.0,
+        "{figures}"
+    );
+
+    bank_a.submit("restored-0", &trade(40_000)).await.unwrap();
+    let last = decisions(&server).await.pop().unwrap();
+    assert_eq!(last["payload"]["worker"], "worker-2", "{last}");
+    let metrics = aether_e2e::metrics(&server).await;
+    assert!(
+        metrics.contains("aether_clearing_breaker_open 0"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("aether_clearing_breaker_switches_total{to=\"in-process\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("aether_clearing_breaker_switches_total{to=\"remote\"} 1"),
+        "{metrics}"
+    );
+    assert!(server.terminate().success());
+}

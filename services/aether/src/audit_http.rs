@@ -241,33 +241,53 @@ fn proof_problem(e: aether_ledger::merkle::ProofError) -> Problem {
     }
 }
 
-/// The events an export holds: those `filter` selects, up to `limit`, none past the anchor
-/// checkpoint's `tree_size`.
-async fn export_events(
-    state: &AppState,
-    filter: &EventFilter,
+/// The events an export holds, a page at a time: those `filter` selects, up to `limit`,
+/// none past the anchor checkpoint's `tree_size`.
+struct ExportPages {
+    filter: EventFilter,
     limit: u64,
     tree_size: u64,
-) -> Result<Vec<RecordedEvent>, Problem> {
-    let mut events = Vec::new();
-    let mut after = 0;
-    while (events.len() as u64) < limit {
-        let want = (limit - events.len() as u64).min(MAX_PAGE) as u32;
-        let page = state
-            .reads_through(tree_size)
-            .await
-            .query(filter, after, want)
-            .await?;
-        let Some(last) = page.last() else { break };
-        after = last.seq;
-        let covered: Vec<RecordedEvent> = page.into_iter().filter(|e| e.seq <= tree_size).collect();
-        let reached_anchor = covered.len() < want as usize || after >= tree_size;
-        events.extend(covered);
-        if reached_anchor {
-            break;
+    after: u64,
+    taken: u64,
+    done: bool,
+}
+
+impl ExportPages {
+    fn new(filter: EventFilter, limit: u64, tree_size: u64) -> Self {
+        ExportPages {
+            filter,
+            limit,
+            tree_size,
+            after: 0,
+            taken: 0,
+            done: false,
         }
     }
-    Ok(events)
+
+    /// The next page in ascending seq; `None` once the export holds all it will.
+    async fn next(&mut self, state: &AppState) -> Result<Option<Vec<RecordedEvent>>, Problem> {
+        if self.done || self.taken >= self.limit {
+            return Ok(None);
+        }
+        let want = (self.limit - self.taken).min(MAX_PAGE) as u32;
+        let page = state
+            .reads_through(self.tree_size)
+            .await
+            .query(&self.filter, self.after, want)
+            .await?;
+        let Some(last) = page.last() else {
+            self.done = true;
+            return Ok(None);
+        };
+        self.after = last.seq;
+        let covered: Vec<RecordedEvent> = page
+            .into_iter()
+            .filter(|e| e.seq <= self.tree_size)
+            .collect();
+        self.done = covered.len() < want as usize || self.after >= self.tree_size;
+        self.taken += covered.len() as u64;
+        Ok(Some(covered))
+    }
 }
 
 /// Blocks of the Merkle log's file a single answer may repair: a proof touches at most
@@ -779,7 +799,7 @@ async fn export(
             "limit must be between 1 and {MAX_EXPORT_EVENTS}, got {limit}"
         )));
     }
-    let _slot = ExportSlot::take(&auditor.actor)?;
+    let slot = ExportSlot::take(&auditor.actor)?;
     let Some((_, anchor)) = latest_checkpoint(&state).await? else {
         return Err(Problem::new(
             StatusCode::CONFLICT,
@@ -800,47 +820,41 @@ async fn export(
     filters.insert("anchor_tree_size".into(), json!(anchor.tree_size));
     let checkpoints: Vec<SignedCheckpoint> = since.into_iter().chain([anchor.clone()]).collect();
     let rotations = aether_ledger::key_rotation::key_rotations(&state.store).await?;
-    let mut repairs = 0;
-    let bundle = loop {
-        let events = export_events(&state, &filter, limit, anchor.tree_size).await?;
-        // The follower may be a moment behind the newest checkpoint.
-        if state.merkle.len() < anchor.tree_size {
-            state.merkle.catch_up(&state.store).await?;
-        }
-        // Proofs from the shared log, each under a brief read lock, not a copy of it.
-        match aether_audit::Bundle::build_rotated(
-            events,
-            &state.merkle.proofs(),
-            checkpoints.clone(),
-            rotations.clone(),
-            Value::Object(filters.clone()),
-            Utc::now(),
-        ) {
-            Ok(bundle) => break bundle,
-            // A block of the Merkle file found changed: rewritten from the ledger, then the
-            // events are read again (the build took them) and the bundle built again.
-            Err(aether_audit::BundleError::Proof(e))
-                if repairs < MAX_REPAIRS && state.merkle.repair(&state.store, &e).await? =>
-            {
-                repairs += 1;
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot build an evidence bundle");
-                return Err(Problem::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "Export failed",
-                    e.to_string(),
-                ));
-            }
-        }
+    // The follower may be a moment behind the newest checkpoint.
+    if state.merkle.len() < anchor.tree_size {
+        state.merkle.catch_up(&state.store).await?;
+    }
+    let mut export = StreamedExport {
+        pages: ExportPages::new(filter, limit, anchor.tree_size),
+        writer: None,
+        repairs: 0,
+        _slot: slot,
     };
-    let bytes = bundle.to_vec().map_err(|e| {
-        Problem::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "Export failed",
-            e.to_string(),
-        )
-    })?;
+    let (head, writer) = export
+        .proven(&state, |tree| {
+            aether_audit::Bundle::begin_rotated(
+                tree,
+                checkpoints.clone(),
+                rotations.clone(),
+                Value::Object(filters.clone()),
+                Utc::now(),
+            )
+        })
+        .await?;
+    export.writer = Some(writer);
+    // The head and the first page before the answer, so that what usually fails (the
+    // database, a proof) is still a problem document; past this a failure can only cut the
+    // download short, which the CLI reports and never saves as a bundle.
+    let mut first = head;
+    export.next_chunk(&state, &mut first).await?;
+    let (chunks, body) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(2);
+    let _ = chunks.send(Ok(first)).await;
+    tokio::spawn(async move {
+        export.pump(&state, &chunks).await;
+        // The export's place is given back before the download is seen to end.
+        drop(export);
+        drop(chunks);
+    });
     Ok((
         [
             (axum::http::header::CONTENT_TYPE, "application/json"),
@@ -849,9 +863,95 @@ async fn export(
                 "attachment; filename=\"aether-evidence.json\"",
             ),
         ],
-        bytes,
+        axum::body::Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(body)),
     )
         .into_response())
+}
+
+/// An evidence bundle written a page of events at a time (issue: a 100,000-event export
+/// held 1.2 GB when it was built whole); holds the export's place until it ends.
+struct StreamedExport {
+    pages: ExportPages,
+    writer: Option<aether_audit::EventWriter>,
+    repairs: usize,
+    _slot: ExportSlot,
+}
+
+impl StreamedExport {
+    /// Appends the next page of events to `out`, or the bundle's end; `false` once the
+    /// bundle is whole.
+    async fn next_chunk(&mut self, state: &AppState, out: &mut Vec<u8>) -> Result<bool, Problem> {
+        let Some(page) = self.pages.next(state).await? else {
+            if let Some(writer) = self.writer.take() {
+                out.extend_from_slice(writer.finish());
+            }
+            return Ok(false);
+        };
+        let Some(mut writer) = self.writer.take() else {
+            return Ok(false);
+        };
+        for event in &page {
+            self.proven(state, |tree| writer.write(event, tree, out))
+                .await?;
+        }
+        self.writer = Some(writer);
+        Ok(true)
+    }
+
+    /// Sends the rest of the bundle a page at a time until it is whole, the regulator goes
+    /// away, or a page fails (then the download is cut short).
+    async fn pump(
+        &mut self,
+        state: &AppState,
+        chunks: &tokio::sync::mpsc::Sender<Result<Vec<u8>, std::io::Error>>,
+    ) {
+        loop {
+            let mut chunk = Vec::new();
+            let more = match self.next_chunk(state, &mut chunk).await {
+                Ok(more) => more,
+                Err(problem) => {
+                    tracing::error!(detail = %problem.detail(), "an evidence export stopped part way");
+                    let _ = chunks
+                        .send(Err(std::io::Error::other("the export stopped part way")))
+                        .await;
+                    return;
+                }
+            };
+            if chunks.send(Ok(chunk)).await.is_err() || !more {
+                return;
+            }
+        }
+    }
+
+    /// Runs `build` against the Merkle log; a block of its file found changed is rewritten
+    /// from the ledger (`MerkleLog::repair`) and `build` run again.
+    async fn proven<T>(
+        &mut self,
+        state: &AppState,
+        mut build: impl FnMut(
+            &aether_ledger::merkle_log::LogProofs<'_>,
+        ) -> Result<T, aether_audit::BundleError>,
+    ) -> Result<T, Problem> {
+        loop {
+            match build(&state.merkle.proofs()) {
+                Ok(done) => return Ok(done),
+                Err(aether_audit::BundleError::Proof(e))
+                    if self.repairs < MAX_REPAIRS
+                        && state.merkle.repair(&state.store, &e).await? =>
+                {
+                    self.repairs += 1;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot build an evidence bundle");
+                    return Err(Problem::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "Export failed",
+                        e.to_string(),
+                    ));
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -97,6 +97,19 @@ pub struct ClearingArgs {
     /// The ledger commit's budget, ms (the asynchronous trigger of every lineage record).
     #[arg(long, env = "AETHER_BUDGET_COMMIT_MS", default_value_t = 20)]
     pub budget_commit_ms: u64,
+    /// The scoring breaker: remote workers' batch p99 above this (ms) over the window
+    /// sends batches to the in-process path until probes find the workers fast again.
+    #[arg(long, env = "AETHER_BREAKER_P99_MS", default_value_t = 85)]
+    pub breaker_p99_ms: u64,
+    /// The breaker's window, in seconds.
+    #[arg(long, env = "AETHER_BREAKER_WINDOW_SECS", default_value_t = 10)]
+    pub breaker_window_secs: u64,
+    /// Remote batches the window must hold before the breaker may open.
+    #[arg(long, env = "AETHER_BREAKER_MIN_BATCHES", default_value_t = 20)]
+    pub breaker_min_batches: usize,
+    /// How long the open breaker waits before probing the workers again, ms.
+    #[arg(long, env = "AETHER_BREAKER_PROBE_AFTER_MS", default_value_t = 1000)]
+    pub breaker_probe_after_ms: u64,
     /// JSON file with the rules' risk settings: `{reporting_threshold_minor,
     /// high_risk_jurisdictions, limits}`.
     #[arg(long, env = "AETHER_RISK_SETTINGS")]
@@ -192,6 +205,13 @@ pub async fn start(
         config.batcher.workers = args.workers;
     }
     config.batcher.local_workers = !args.no_local_workers;
+    config.batcher.breaker = aether_gateway::breaker::BreakerConfig {
+        threshold: Duration::from_millis(args.breaker_p99_ms),
+        window: Duration::from_secs(args.breaker_window_secs.max(1)),
+        min_batches: args.breaker_min_batches.max(1),
+        probe_after: Duration::from_millis(args.breaker_probe_after_ms),
+        ..aether_gateway::breaker::BreakerConfig::default()
+    };
     config.device = args.worker_device;
     let pool = WorkerPool::default();
     let gateway = ClearingGateway::new(store, control, config, pool.clone());

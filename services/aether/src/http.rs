@@ -279,6 +279,11 @@ impl Problem {
         self
     }
 
+    /// What went wrong, for a log line where no answer can carry it any more.
+    pub(crate) fn detail(&self) -> &str {
+        &self.detail
+    }
+
     pub(crate) fn bad_request(detail: impl Into<String>) -> Problem {
         Problem::new(StatusCode::BAD_REQUEST, "Bad request", detail)
     }

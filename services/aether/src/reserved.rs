@@ -44,6 +44,8 @@ pub const RESERVED_EVENT_TYPES: &[&str] = &[
     crate::audit_http::ACCESS_EVENT_TYPE,
     aether_gateway::clearing::CLEARING_DECIDED,
     aether_gateway::batcher::NETTING_COMPUTED,
+    aether_gateway::breaker::SCORING_DEGRADED,
+    aether_gateway::breaker::SCORING_RESTORED,
     engines::ACTIVATION_REQUESTED,
     engines::MODEL_VERIFIED,
     engines::POLICIES_BOUND,

@@ -22,6 +22,7 @@ use serde_json::json;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use uuid::Uuid;
 
+use crate::breaker::{Breaker, BreakerConfig, Route, backoff_before};
 use crate::observations::Observed;
 use crate::pb::v1::{self as pb, WorkAssignment, WorkItem};
 use crate::workers::{DispatchError, WorkerPool};
@@ -46,8 +47,11 @@ pub struct BatcherConfig {
     pub local_workers: bool,
     /// How long a remote worker has to answer a batch before it is sent elsewhere.
     pub worker_timeout: Duration,
-    /// Remote attempts per batch before giving up (or falling back to in process).
+    /// Remote attempts per batch before giving up (or falling back to in process), backed
+    /// off 10, 30 and 80 ms.
     pub worker_attempts: usize,
+    /// When slow remote workers send batches to the in-process path ([`crate::breaker`]).
+    pub breaker: BreakerConfig,
 }
 
 impl Default for BatcherConfig {
@@ -61,6 +65,7 @@ impl Default for BatcherConfig {
             local_workers: true,
             worker_timeout: Duration::from_secs(10),
             worker_attempts: 3,
+            breaker: BreakerConfig::default(),
         }
     }
 }
@@ -209,6 +214,7 @@ async fn collect(
         config.workers.max(1) * BATCHES_RECORDING_PER_WORKER,
     ));
     let max_batch = config.max_batch.max(1);
+    let breaker = Arc::new(Breaker::new(config.breaker.clone(), store.clone()));
     while let Some(first) = rx.recv().await {
         // One timer per batch, not one per trade received.
         let deadline = tokio::time::sleep(config.max_delay);
@@ -240,10 +246,16 @@ async fn collect(
         }
         let (store, pool, config) = (store.clone(), pool.clone(), config.clone());
         let recording = Arc::clone(&recording);
+        let breaker = Arc::clone(&breaker);
         tokio::spawn(async move {
+            let scorer = Scorer {
+                pool: &pool,
+                config: &config,
+                breaker: &breaker,
+            };
             let mut scored = Vec::new();
             for (_, jobs) in by_model {
-                scored.extend(score_batch(&pool, &config, jobs, queue_depth).await);
+                scored.extend(score_batch(&scorer, jobs, queue_depth).await);
             }
             // Scored: the next batch may score while this one is recorded, up to a bound
             // on batches waiting for the ledger, so that a stalled ledger still backs the
@@ -272,25 +284,46 @@ struct Executed {
     model_digest: String,
 }
 
+/// Where batches are scored: the remote workers, the batcher's settings and the breaker
+/// between them and the in-process path.
+struct Scorer<'a> {
+    pool: &'a WorkerPool,
+    config: &'a BatcherConfig,
+    breaker: &'a Breaker,
+}
+
 /// Scores and nets a batch: on a remote worker holding the model when one is connected
-/// (another one after a loss), else in process when allowed.
+/// (another one after a loss, backed off), else in process when allowed; in process too
+/// while the breaker is open, but for the probes it sends to the workers.
 async fn execute(
-    pool: &WorkerPool,
-    config: &BatcherConfig,
+    scorer: &Scorer<'_>,
     model: ModelHandle,
     inputs: Vec<(Trade, TradeContext)>,
     plan: ExplainPlan,
 ) -> Result<Executed, String> {
+    let Scorer {
+        pool,
+        config,
+        breaker,
+    } = *scorer;
     let ModelHandle {
         model_ref,
         digest,
         local,
     } = model;
+    let in_process_possible = local.is_some() && config.local_workers;
+    let route = if pool.serves(&digest) {
+        breaker.route(in_process_possible)
+    } else {
+        Route::InProcess
+    };
     let mut last_error = None;
-    for _ in 0..config.worker_attempts.max(1) {
-        if !pool.serves(&digest) {
+    let mut probe_answered = false;
+    for attempt in 0..config.worker_attempts.max(1) {
+        if route == Route::InProcess || !pool.serves(&digest) {
             break;
         }
+        tokio::time::sleep(backoff_before(attempt)).await;
         let assignment = WorkAssignment {
             batch_id: Uuid::now_v7().to_string(),
             model_ref: model_ref.clone(),
@@ -302,7 +335,16 @@ async fn execute(
                 .collect(),
             explain_at_or_above: plan.at_or_above.map(f64::from),
         };
-        match pool.dispatch(assignment, config.worker_timeout).await {
+        let sent = std::time::Instant::now();
+        let dispatched = pool.dispatch(assignment, config.worker_timeout).await;
+        // A batch answered, or not answered in time, is a measure of the workers' speed.
+        if matches!(&dispatched, Ok(_) | Err(DispatchError::Timeout(_))) {
+            probe_answered |= route == Route::Probe;
+            breaker
+                .observe(sent.elapsed(), route == Route::Probe, in_process_possible)
+                .await;
+        }
+        match dispatched {
             Ok((worker, result)) => match check_remote(&inputs, &result) {
                 Ok((scores, netting)) => {
                     return Ok(Executed {
@@ -327,6 +369,9 @@ async fn execute(
                 last_error = Some(e.to_string());
             }
         }
+    }
+    if route == Route::Probe && !probe_answered {
+        breaker.probe_unanswered();
     }
     let Some(model) = local.filter(|_| config.local_workers) else {
         return Err(last_error.unwrap_or_else(|| DispatchError::NoWorker(digest).to_string()));
@@ -440,12 +485,7 @@ fn check_remote(
 /// Scores and nets one single-model batch and answers every job with its score and a
 /// recorder; what is returned records the batch once its trades have decided;
 /// `queue_depth`: trades waiting when the batch started, for its rollout report.
-async fn score_batch(
-    pool: &WorkerPool,
-    config: &BatcherConfig,
-    jobs: Vec<Job>,
-    queue_depth: usize,
-) -> Option<Recording> {
+async fn score_batch(scorer: &Scorer<'_>, jobs: Vec<Job>, queue_depth: usize) -> Option<Recording> {
     let model = jobs.first().map(|j| j.model.clone())?;
     let batch_id = Uuid::now_v7();
     let inputs: Vec<(Trade, TradeContext)> =
@@ -454,7 +494,8 @@ async fn score_batch(
         marked: jobs.iter().map(|j| j.explain).collect(),
         at_or_above: jobs.iter().find_map(|j| j.explain_at_or_above),
     };
-    let result = match execute(pool, config, model, inputs, plan).await {
+    let config = scorer.config;
+    let result = match execute(scorer, model, inputs, plan).await {
         Ok(result) => result,
         Err(reason) => {
             metrics::counter!("aether_clearing_batch_failures_total").increment(1);

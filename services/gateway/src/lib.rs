@@ -5,6 +5,7 @@
 //! Invariant: a member is never answered before the decision's event has committed.
 
 pub mod batcher;
+pub mod breaker;
 pub mod budgets;
 pub mod certs;
 pub mod clearing;
