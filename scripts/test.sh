@@ -18,7 +18,9 @@
 #    Debian's Chromium (installed with apt-get when missing; CHROMIUM names another).
 #
 # Also installs the S3-compatible server the object-storage tests start (s3s-fs, from
-# crates.io, once, under ~/.cache/aether/tools) unless AETHER_S3S_FS names one.
+# crates.io, once, under ~/.cache/aether/tools) unless AETHER_S3S_FS names one, and builds
+# Tongsuo's openssl (the RFC 8998 interop peer, scripts/tongsuo.sh, once, same place)
+# unless AETHER_TONGSUO_OPENSSL names one.
 #
 # Environment switches:
 #   AETHER_TEST_ONLY_PROVISION=1   stop right after provisioning PostgreSQL
@@ -251,6 +253,18 @@ else
     fi
 fi
 info "AETHER_S3S_FS=$AETHER_S3S_FS"
+
+step "Tongsuo's openssl (RFC 8998 peer) for the SM TLS interop tests"
+# The independent TLS 1.3 implementation the ShangMi suites are tested against
+# (gmtls/tests/tongsuo.rs, tests/tests/gm_tls_e2e.rs): AETHER_TONGSUO_OPENSSL, else built once
+# by scripts/tongsuo.sh from the tongsuo-src crate's source (about 4 minutes) and cached.
+if [[ -n "${AETHER_TONGSUO_OPENSSL:-}" ]]; then
+    [[ -x "$AETHER_TONGSUO_OPENSSL" ]] || die "AETHER_TONGSUO_OPENSSL=$AETHER_TONGSUO_OPENSSL is not an executable"
+else
+    AETHER_TONGSUO_OPENSSL=$(scripts/tongsuo.sh) || die "cannot build Tongsuo's openssl (scripts/tongsuo.sh)"
+    export AETHER_TONGSUO_OPENSSL
+fi
+info "AETHER_TONGSUO_OPENSSL=$AETHER_TONGSUO_OPENSSL"
 
 step "cargo fmt --all -- --check"
 cargo fmt --all -- --check

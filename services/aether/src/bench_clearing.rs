@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::bench::Scratch;
-use aether_gateway::certs::PkiLayout;
 use aether_gateway::client::ClearingClient;
 use aether_gateway::envelope::{Aad, Direction, Sm4Key, open, seal, unix_now, wrap_key};
 use aether_gateway::identity::Role;
@@ -25,7 +24,7 @@ use aether_gateway::pb::v1::{
     SealedBatchRequest, SealedBatchResponse, SealedRequest, SealedResponse, Trade,
 };
 use aether_gateway::service::{METHOD_SUBMIT, METHOD_SUBMIT_STREAM};
-use aether_gateway::tls::{ClientTls, ServerTls, TlsPaths};
+use aether_gateway::tls::{ClientTls, ServerIdentities, ServerTls, TlsSuite};
 use aether_gpu_worker::reference::{self, REFERENCE_MODEL_REF};
 use aether_ledger::redact_url;
 use anyhow::{Context, bail};
@@ -84,6 +83,10 @@ pub struct ClearingBench {
     /// over their gateways, each phase against the single node of the same run.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=8))]
     nodes: u64,
+    /// The TLS 1.3 suites of the gateway, the echo and the load: `standard`, `gm` (RFC
+    /// 8998 with SM2 certificates) or `both` (the server offers both, the load the standard).
+    #[arg(long, default_value = "standard", value_parser = crate::clearing::parse_tls_suite)]
+    tls_suite: TlsSuite,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -129,6 +132,8 @@ struct ClientArgs {
     warmup_secs: u64,
     #[arg(long, value_enum, default_value_t = Api::Unary)]
     api: Api,
+    #[arg(long, default_value = "standard", value_parser = crate::clearing::parse_tls_suite)]
+    tls_suite: TlsSuite,
 }
 
 /// The clearing API the load uses.
@@ -435,34 +440,36 @@ async fn measure(
     let operator = format!("bench-operator-{}", uuid::Uuid::now_v7().simple());
     let regulator = format!("bench-regulator-{}", uuid::Uuid::now_v7().simple());
     let log_path = tmp.join("serve.log");
-    let mut server = ServeChild::start(
+    let mut server = ServeChild::start_with_env(
         data,
         &log_path,
         database.map(|(url, _)| url),
         Some(&format!("operator:{operator},regulator:{regulator}")),
         b.batch_delay_us,
         "warn",
+        &[("AETHER_TLS_SUITE", b.tls_suite.name())],
     )
     .await?;
     say(
         b.json,
         &format!(
-            "server pid {} at {} and {} (log {})",
+            "server pid {} at {} and {} (log {}), TLS suites: {}",
             server.pid,
             server.http,
             server.grpc,
-            log_path.display()
+            log_path.display(),
+            b.tls_suite
         ),
     );
     let mut extra: Vec<ServeChild> = Vec::new();
     let outcome = async {
         setup_engine(&server.http, data, &operator, &regulator).await?;
-        let answer_len = probe(&server.grpc, data).await?;
+        let answer_len = probe(&server.grpc, data, b.tls_suite).await?;
         say(
             b.json,
             &format!("engine active; a probe trade was cleared (sealed answer {answer_len} bytes)"),
         );
-        let (echo_url, echo_stop) = start_echo(data, answer_len).await?;
+        let (echo_url, echo_stop) = start_echo(data, answer_len, b.tls_suite).await?;
         let client = run_client(
             b,
             data,
@@ -562,6 +569,7 @@ async fn start_node(
             ("AETHER_NODE_ID", node_id.as_str()),
             ("AETHER_DELTA_URI", delta),
             ("AETHER_MODEL_DIRS", models),
+            ("AETHER_TLS_SUITE", b.tls_suite.name()),
         ],
     )
     .await?;
@@ -853,12 +861,11 @@ pub(crate) fn expect(answer: (u16, String), status: u16, what: &str) -> anyhow::
 
 /// One trade through the real client module: checks the setup and measures the size of
 /// a sealed answer, which the echo server then sends back for every request.
-async fn probe(grpc: &str, data: &Path) -> anyhow::Result<usize> {
-    let layout = PkiLayout::new(data);
+async fn probe(grpc: &str, data: &Path, suite: TlsSuite) -> anyhow::Result<usize> {
     let member = MEMBERS[0];
-    let mut client = ClearingClient::connect(
+    let mut client = ClearingClient::connect_with(
         grpc,
-        &TlsPaths::client(&layout, Role::Member, member),
+        &ClientTls::dev(data, load_suite(suite), Role::Member, member)?,
         &data.join("keys").join("envelope.pub.pem"),
         member,
     )
@@ -902,6 +909,7 @@ async fn run_client(
         .args(["--duration-secs", &b.duration_secs.to_string()])
         .args(["--warmup-secs", &b.warmup_secs.to_string()])
         .args(["--api", b.api.name()])
+        .args(["--tls-suite", b.tls_suite.name()])
         .env_remove("DATABASE_URL")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -1209,8 +1217,9 @@ fn echo(sealed: SealedRequest, answer_len: usize) -> SealedResponse {
 async fn start_echo(
     data: &Path,
     answer_len: usize,
+    suite: TlsSuite,
 ) -> anyhow::Result<(String, tokio::sync::watch::Sender<bool>)> {
-    let tls = ServerTls::load(&TlsPaths::server(&PkiLayout::new(data)))?;
+    let tls = ServerTls::load_suite(suite, &ServerIdentities::dev(data, suite))?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let incoming = tls.incoming(listener);
@@ -1315,16 +1324,22 @@ impl TaskStats {
     }
 }
 
+/// The suites the load offers: the server's, but the standard ones against `both` (the
+/// members a mixed server serves mostly speak those).
+fn load_suite(server: TlsSuite) -> TlsSuite {
+    match server {
+        TlsSuite::Gm => TlsSuite::Gm,
+        TlsSuite::Standard | TlsSuite::Both => TlsSuite::Standard,
+    }
+}
+
 async fn connect(
     url: &str,
     data: &Path,
     member: &str,
+    suite: TlsSuite,
 ) -> anyhow::Result<ClearingServiceClient<Channel>> {
-    let tls = ClientTls::load(&TlsPaths::client(
-        &PkiLayout::new(data),
-        Role::Member,
-        member,
-    ))?;
+    let tls = ClientTls::dev(data, load_suite(suite), Role::Member, member)?;
     let channel = tls.connect(url).await?;
     Ok(ClearingServiceClient::new(channel))
 }
@@ -1344,7 +1359,7 @@ async fn phase(
     for i in 0..args.channels {
         let member = MEMBERS[i % MEMBERS.len()];
         let url = urls[i % urls.len().max(1)];
-        let mut grpc = connect(url, &args.data_dir, member).await?;
+        let mut grpc = connect(url, &args.data_dir, member, args.tls_suite).await?;
         let key = Sm4Key::generate()?;
         let wrapped = wrap_key(&server_key, &key)?;
         let key_id = grpc

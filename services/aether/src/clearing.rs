@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use aether_control::ControlState;
 use aether_control::rollout_controller::ObservationSender;
-use aether_gateway::certs::{DevPkiSpec, InitOutcome, PkiLayout, init_dev_pki};
+use aether_gateway::certs::{DevPkiSpec, InitOutcome, KeyAlgorithm, PkiLayout, init_dev_pki};
 use aether_gateway::clearing::{ClearingGateway, GatewayConfig};
 use aether_gateway::client::ClearingClient;
 use aether_gateway::envelope::{
@@ -19,7 +19,7 @@ use aether_gateway::pb::v1::worker_service_server::WorkerServiceServer;
 use aether_gateway::pb::v1::{ClearingRequest, Trade};
 use aether_gateway::risk_book::RiskSettings;
 use aether_gateway::service::ClearingServer;
-use aether_gateway::tls::{ServerTls, TlsPaths};
+use aether_gateway::tls::{ClientTls, ServerIdentities, ServerTls, TlsPaths, TlsSuite};
 use aether_gateway::workers::{WorkerPool, WorkerServer};
 use aether_gpu_worker::DeviceChoice;
 use aether_gpu_worker::model::device_name;
@@ -47,6 +47,19 @@ pub struct ClearingArgs {
     pub tls_cert: Option<PathBuf>,
     #[arg(long, env = "AETHER_TLS_KEY")]
     pub tls_key: Option<PathBuf>,
+    /// The TLS 1.3 suites the gRPC port offers: `standard` (AES-GCM, ChaCha20; ECDSA/RSA
+    /// certificates), `gm` (RFC 8998: TLS_SM4_GCM_SM3, curveSM2, SM2 certificates) or
+    /// `both` (each client gets what its hello asks for).
+    #[arg(long, env = "AETHER_TLS_SUITE", default_value = "standard", value_parser = parse_tls_suite)]
+    pub tls_suite: TlsSuite,
+    /// CA, certificate and key (PEM) of the SM2 identity for `--tls-suite gm|both`;
+    /// default: the development SM2 PKI in `<data>/certs/sm2`, created on first start.
+    #[arg(long, env = "AETHER_TLS_SM2_CA", requires_all = ["tls_sm2_cert", "tls_sm2_key"])]
+    pub tls_sm2_ca: Option<PathBuf>,
+    #[arg(long, env = "AETHER_TLS_SM2_CERT")]
+    pub tls_sm2_cert: Option<PathBuf>,
+    #[arg(long, env = "AETHER_TLS_SM2_KEY")]
+    pub tls_sm2_key: Option<PathBuf>,
     /// The gateway's SM2 envelope key (PKCS#8 PEM); default: `<data>/keys/envelope.pem`.
     #[arg(long, env = "AETHER_ENVELOPE_KEY")]
     pub envelope_key: Option<PathBuf>,
@@ -147,21 +160,35 @@ pub async fn start(
     mut stop: tokio::sync::watch::Receiver<bool>,
     observations: Option<ObservationSender>,
 ) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let tls_paths = match (&args.tls_ca, &args.tls_cert, &args.tls_key) {
-        (Some(ca), Some(cert), Some(key)) => TlsPaths {
-            ca: ca.clone(),
-            cert: cert.clone(),
-            key: key.clone(),
-        },
-        _ => {
-            let report = init_dev_pki(data_dir, &dev_spec(false))?;
-            if report.outcome != InitOutcome::Exists {
-                tracing::info!(dir = %PkiLayout::new(data_dir).certs_dir.display(), "created the development PKI");
-            }
-            TlsPaths::server(&PkiLayout::new(data_dir))
-        }
+    let given =
+        |ca: &Option<PathBuf>, cert: &Option<PathBuf>, key: &Option<PathBuf>| match (ca, cert, key)
+        {
+            (Some(ca), Some(cert), Some(key)) => Some(TlsPaths {
+                ca: ca.clone(),
+                cert: cert.clone(),
+                key: key.clone(),
+            }),
+            _ => None,
+        };
+    let mut identities = ServerIdentities {
+        standard: given(&args.tls_ca, &args.tls_cert, &args.tls_key),
+        sm2: given(&args.tls_sm2_ca, &args.tls_sm2_cert, &args.tls_sm2_key),
     };
-    let tls = ServerTls::load(&tls_paths)?;
+    for &algorithm in args.tls_suite.algorithms() {
+        let slot = match algorithm {
+            KeyAlgorithm::EcdsaP256 => &mut identities.standard,
+            KeyAlgorithm::Sm2 => &mut identities.sm2,
+        };
+        if slot.is_none() {
+            let report = init_dev_pki(data_dir, &dev_spec(false, algorithm))?;
+            let layout = PkiLayout::of(data_dir, algorithm);
+            if report.outcome != InitOutcome::Exists {
+                tracing::info!(dir = %layout.certs_dir.display(), "created the development PKI");
+            }
+            *slot = Some(TlsPaths::server(&layout));
+        }
+    }
+    let tls = ServerTls::load_suite(args.tls_suite, &identities)?;
     let (key_path, public_path) = envelope_paths(data_dir);
     let key_path = args.envelope_key.clone().unwrap_or(key_path);
     if let Some(dir) = key_path.parent() {
@@ -292,13 +319,19 @@ pub const SERVED_SERVICES: &[&str] = &[
     "grpc.reflection.v1alpha.ServerReflection",
 ];
 
-fn dev_spec(force: bool) -> DevPkiSpec {
+fn dev_spec(force: bool, algorithm: KeyAlgorithm) -> DevPkiSpec {
     DevPkiSpec {
         members: DEV_MEMBERS.iter().map(|s| (*s).to_owned()).collect(),
         workers: DEV_WORKERS.iter().map(|s| (*s).to_owned()).collect(),
         server_names: Vec::new(),
         force,
+        algorithm,
     }
+}
+
+/// `--tls-suite`'s values.
+pub fn parse_tls_suite(s: &str) -> Result<TlsSuite, String> {
+    s.parse()
 }
 
 /// `aether certs init`.
@@ -307,8 +340,9 @@ pub fn certs_init(
     members: Vec<String>,
     workers: Vec<String>,
     force: bool,
+    algorithm: KeyAlgorithm,
 ) -> anyhow::Result<()> {
-    let mut spec = dev_spec(force);
+    let mut spec = dev_spec(force, algorithm);
     spec.members.extend(members);
     spec.workers.extend(workers);
     spec.members.sort();
@@ -316,7 +350,7 @@ pub fn certs_init(
     spec.workers.sort();
     spec.workers.dedup();
     let report = init_dev_pki(data_dir, &spec)?;
-    let layout = PkiLayout::new(data_dir);
+    let layout = PkiLayout::of(data_dir, algorithm);
     match report.outcome {
         InitOutcome::Exists => println!(
             "the development PKI in {} already has every certificate (use --force to replace it)",
@@ -371,15 +405,18 @@ pub struct SubmitArgs {
     /// Use a session key (KeyExchange) instead of a key per request.
     #[arg(long)]
     pub session: bool,
+    /// The TLS 1.3 suites to offer: `standard`, `gm` (RFC 8998, with the member's SM2
+    /// certificate from `<data>/certs/sm2`) or `both`.
+    #[arg(long, env = "AETHER_TLS_SUITE", default_value = "standard", value_parser = parse_tls_suite)]
+    pub tls_suite: TlsSuite,
 }
 
 /// `aether client submit`: one trade, the decision printed as JSON.
 pub async fn submit(args: SubmitArgs) -> anyhow::Result<()> {
-    let layout = PkiLayout::new(&args.data_dir);
-    let tls = TlsPaths::client(&layout, Role::Member, &args.member);
+    let tls = ClientTls::dev(&args.data_dir, args.tls_suite, Role::Member, &args.member)?;
     let (_, public_key) = envelope_paths(&args.data_dir);
     let mut client =
-        ClearingClient::connect(&args.endpoint, &tls, &public_key, &args.member).await?;
+        ClearingClient::connect_with(&args.endpoint, &tls, &public_key, &args.member).await?;
     if args.session {
         client.key_exchange().await?;
     }

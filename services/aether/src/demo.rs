@@ -454,8 +454,7 @@ fn issue_member_certs(data: &Path) -> anyhow::Result<Vec<String>> {
     let spec = DevPkiSpec {
         members: members.clone(),
         workers: Vec::new(),
-        server_names: Vec::new(),
-        force: false,
+        ..DevPkiSpec::default()
     };
     init_dev_pki(data, &spec).context("cannot issue the demo members' certificates")?;
     Ok(members)

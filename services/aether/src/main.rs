@@ -140,6 +140,10 @@ enum CertsCommand {
         /// Replace an existing PKI (a new CA: every old certificate stops working).
         #[arg(long)]
         force: bool,
+        /// An SM2 PKI instead (SM2 keys, SM2-with-SM3 signatures), in `<data>/certs/sm2`,
+        /// for `--tls-suite gm` or `both`.
+        #[arg(long)]
+        sm2: bool,
     },
 }
 
@@ -278,8 +282,15 @@ fn main() -> ExitCode {
                 members,
                 workers,
                 force,
+                sm2,
             }) => {
-                clearing::certs_init(&data_dir, members, workers, force).map(|_| ExitCode::SUCCESS)
+                let algorithm = if sm2 {
+                    aether_gateway::certs::KeyAlgorithm::Sm2
+                } else {
+                    aether_gateway::certs::KeyAlgorithm::EcdsaP256
+                };
+                clearing::certs_init(&data_dir, members, workers, force, algorithm)
+                    .map(|_| ExitCode::SUCCESS)
             }
             Command::Model(ModelCommand::Train(args)) => {
                 model::train_command(args).map(|_| ExitCode::SUCCESS)

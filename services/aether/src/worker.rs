@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use aether_gateway::certs::PkiLayout;
 use aether_gateway::identity::Role;
 use aether_gateway::pb::v1::worker_message::Body;
 use aether_gateway::pb::v1::worker_service_client::WorkerServiceClient;
@@ -16,7 +15,7 @@ use aether_gateway::pb::v1::{
     BatchFailed, BatchResult, DrainRequest, HeartbeatRequest, ItemScore, NetPosition,
     RegisterRequest, WorkAssignment, WorkerHello, WorkerMessage,
 };
-use aether_gateway::tls::{TlsPaths, client_tls_config};
+use aether_gateway::tls::{ClientTls, TlsPaths, TlsSuite};
 use aether_gpu_worker::{ClearingModel, DeviceChoice, Trade, TradeContext};
 use anyhow::Context;
 use clap::Args;
@@ -54,6 +53,10 @@ pub struct WorkerArgs {
     /// connecting again (with pauses from 0.25 s growing to 10 s) until stopped.
     #[arg(long)]
     pub no_reconnect: bool,
+    /// The TLS 1.3 suites to offer: `standard`, `gm` (RFC 8998, with the worker's SM2
+    /// certificate from `<data>/certs/sm2`) or `both`.
+    #[arg(long, env = "AETHER_TLS_SUITE", default_value = "standard", value_parser = crate::clearing::parse_tls_suite)]
+    pub tls_suite: TlsSuite,
     /// Testing aid: wait this long before answering each batch.
     #[arg(long, hide = true, default_value_t = 0)]
     pub delay_ms: u64,
@@ -69,16 +72,25 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     // The certificates first: a mistyped data directory is refused before anything is
     // written into it.
     let tls = match (&args.tls_ca, &args.tls_cert, &args.tls_key) {
-        (Some(ca), Some(cert), Some(key)) => TlsPaths {
-            ca: ca.clone(),
-            cert: cert.clone(),
-            key: key.clone(),
-        },
-        _ => TlsPaths::client(&PkiLayout::new(&args.data_dir), Role::Worker, &args.id),
+        (Some(ca), Some(cert), Some(key)) => ClientTls::load_suite(
+            args.tls_suite,
+            &TlsPaths {
+                ca: ca.clone(),
+                cert: cert.clone(),
+                key: key.clone(),
+            },
+            &[],
+        )?,
+        _ => ClientTls::dev(&args.data_dir, args.tls_suite, Role::Worker, &args.id)?,
     };
-    let endpoint = tonic::transport::Endpoint::from_shared(args.connect.clone())
-        .context("bad --connect address")?
-        .tls_config(client_tls_config(&tls)?)?;
+    match args.connect.parse::<tonic::transport::Uri>() {
+        Ok(uri) if uri.scheme_str() == Some("https") && uri.host().is_some() => {}
+        _ => anyhow::bail!(
+            "bad --connect address {:?}: expected https://host:port",
+            args.connect
+        ),
+    }
+    let endpoint = (tls, args.connect.clone());
     let paths = if args.models.is_empty() {
         let dir = args.data_dir.join("models").join("reference");
         let saved = aether_gpu_worker::reference::install(&dir)
@@ -167,7 +179,7 @@ enum Ended {
 /// shutdown signal drains the worker. Sets `connected` once it has a work stream.
 async fn session(
     args: &WorkerArgs,
-    endpoint: &tonic::transport::Endpoint,
+    endpoint: &(ClientTls, String),
     models: &[Arc<ClearingModel>],
     mut stop: watch::Receiver<bool>,
     connected: &mut bool,
@@ -178,8 +190,9 @@ async fn session(
         .unwrap_or_else(|| "cpu".into());
     let (tx, rx) = mpsc::channel(16);
     let open = async {
-        let channel = endpoint
-            .connect()
+        let (tls, address) = endpoint;
+        let channel = tls
+            .connect(address)
             .await
             .with_context(|| format!("cannot reach the gateway at {}", args.connect))?;
         let mut client = WorkerServiceClient::new(channel);

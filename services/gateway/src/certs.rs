@@ -44,6 +44,17 @@ const LEAF_VALIDITY: Duration = Duration::from_secs(825 * 24 * 3600);
 /// Back-dating of `notBefore`, so a peer whose clock is slightly behind accepts new certs.
 const CLOCK_SKEW: Duration = Duration::from_secs(3600);
 
+/// The key and signature algorithm of a development PKI.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum KeyAlgorithm {
+    /// ECDSA P-256 keys, ECDSA-with-SHA256 signatures: the standard TLS 1.3 suites.
+    #[default]
+    EcdsaP256,
+    /// SM2 keys, SM2-with-SM3 signatures (GB/T 32918, OID 1.2.156.10197.1.501): the RFC
+    /// 8998 suites (`--tls-suite gm`). Kept apart, under `<dir>/certs/sm2/`.
+    Sm2,
+}
+
 /// What to issue.
 #[derive(Debug, Clone, Default)]
 pub struct DevPkiSpec {
@@ -57,6 +68,8 @@ pub struct DevPkiSpec {
     /// Replace an existing PKI (new CA; every previously issued certificate stops
     /// verifying).
     pub force: bool,
+    /// ECDSA (`<dir>/certs/`) or SM2 (`<dir>/certs/sm2/`).
+    pub algorithm: KeyAlgorithm,
 }
 
 /// Paths of one certificate and its private key.
@@ -80,6 +93,21 @@ impl PkiLayout {
     pub fn new(dir: impl AsRef<Path>) -> Self {
         PkiLayout {
             certs_dir: dir.as_ref().join("certs"),
+        }
+    }
+
+    /// The SM2 PKI's layout, under `<dir>/certs/sm2/` (the same file names).
+    pub fn sm2(dir: impl AsRef<Path>) -> Self {
+        PkiLayout {
+            certs_dir: dir.as_ref().join("certs").join("sm2"),
+        }
+    }
+
+    /// The layout of a PKI of `algorithm` under `<dir>`.
+    pub fn of(dir: impl AsRef<Path>, algorithm: KeyAlgorithm) -> Self {
+        match algorithm {
+            KeyAlgorithm::EcdsaP256 => Self::new(dir),
+            KeyAlgorithm::Sm2 => Self::sm2(dir),
         }
     }
 
@@ -187,6 +215,14 @@ pub enum CertsError {
         /// Why.
         source: rcgen::Error,
     },
+    /// SM2 certificate generation, signing or loading failed.
+    #[error("cannot generate {what}: {source}")]
+    Sm2 {
+        /// Which certificate.
+        what: String,
+        /// Why.
+        source: aether_gmtls::Error,
+    },
     /// Certificate generation or signing failed.
     #[error("cannot generate {what}: {source}")]
     Generate {
@@ -223,9 +259,10 @@ fn io_err(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> C
 /// * PKI there, some requested certs missing: the existing CA issues just those
 ///   ([`InitOutcome::Extended`]); existing files are never touched.
 pub fn init_dev_pki(dir: impl AsRef<Path>, spec: &DevPkiSpec) -> Result<InitReport, CertsError> {
-    let layout = PkiLayout::new(dir);
+    let layout = PkiLayout::of(dir, spec.algorithm);
     let clients = validated_clients(spec)?;
-    let server_sans = server_sans(&spec.server_names)?;
+    let server_names = server_names(&spec.server_names);
+    let server_sans = server_sans(&server_names)?;
 
     fs::create_dir_all(&layout.certs_dir).map_err(io_err("create directory", &layout.certs_dir))?;
 
@@ -234,7 +271,7 @@ pub fn init_dev_pki(dir: impl AsRef<Path>, spec: &DevPkiSpec) -> Result<InitRepo
     let mut written = Vec::new();
 
     let (issuer, outcome) = match ca_present {
-        (true, true) if !spec.force => (load_ca(&ca_files)?, None),
+        (true, true) if !spec.force => (CaIssuer::load(spec.algorithm, &ca_files)?, None),
         (true, false) | (false, true) if !spec.force => {
             let (present, missing) = if ca_present.0 {
                 (ca_files.cert, ca_files.key)
@@ -251,48 +288,22 @@ pub fn init_dev_pki(dir: impl AsRef<Path>, spec: &DevPkiSpec) -> Result<InitRepo
             if spec.force {
                 remove_issued_files(&layout)?;
             }
-            let (ca_params, ca_key, ca_pem) = new_ca()?;
-            write_pair(&ca_files, &ca_pem, &ca_key.serialize_pem(), &mut written)?;
-            (Issuer::new(ca_params, ca_key), Some(InitOutcome::Created))
+            let (issuer, cert_pem, key_pem) = CaIssuer::generate(spec.algorithm)?;
+            write_pair(&ca_files, &cert_pem, &key_pem, &mut written)?;
+            (issuer, Some(InitOutcome::Created))
         }
     };
 
     let server = layout.server();
     if needs_issuing(&server)? {
-        let params = leaf_params(
-            SERVER_COMMON_NAME,
-            server_sans,
-            ExtendedKeyUsagePurpose::ServerAuth,
-        );
-        issue(
-            &params,
-            &issuer,
-            &server,
-            "server certificate",
-            &mut written,
-        )?;
+        let (cert, key) = issuer.issue_server(server_sans, &server_names)?;
+        write_pair(&server, &cert, &key, &mut written)?;
     }
     for (role, id) in &clients {
         let files = layout.client(*role, id);
         if needs_issuing(&files)? {
-            let uri = identity_uri(*role, id);
-            let san =
-                SanType::URI(
-                    uri.clone()
-                        .try_into()
-                        .map_err(|source| CertsError::Generate {
-                            what: format!("identity URI {uri}"),
-                            source,
-                        })?,
-                );
-            let params = leaf_params(id, vec![san], ExtendedKeyUsagePurpose::ClientAuth);
-            issue(
-                &params,
-                &issuer,
-                &files,
-                &format!("{role} certificate for {id}"),
-                &mut written,
-            )?;
+            let (cert, key) = issuer.issue_client(*role, id)?;
+            write_pair(&files, &cert, &key, &mut written)?;
         }
     }
 
@@ -321,15 +332,21 @@ fn validated_clients(spec: &DevPkiSpec) -> Result<BTreeSet<(Role, String)>, Cert
         .collect()
 }
 
-fn server_sans(extra: &[String]) -> Result<Vec<SanType>, CertsError> {
-    let mut names: Vec<&str> = DEFAULT_SERVER_NAMES.to_vec();
+/// The default server names and `extra`, once each.
+fn server_names(extra: &[String]) -> Vec<String> {
+    let mut names: Vec<String> = DEFAULT_SERVER_NAMES.map(str::to_owned).to_vec();
     for name in extra {
-        if !names.contains(&name.as_str()) {
-            names.push(name);
+        if !names.contains(name) {
+            names.push(name.clone());
         }
     }
     names
-        .into_iter()
+}
+
+fn server_sans(names: &[String]) -> Result<Vec<SanType>, CertsError> {
+    names
+        .iter()
+        .map(String::as_str)
         .map(|name| match name.parse::<IpAddr>() {
             Ok(ip) => Ok(SanType::IpAddress(ip)),
             Err(_) => name.try_into().map(SanType::DnsName).map_err(|source| {
@@ -417,20 +434,116 @@ fn leaf_params(
     params
 }
 
-fn issue(
+/// The CA that issues a PKI's certificates: rcgen's for ECDSA, `aether_gmtls`'s for SM2.
+enum CaIssuer {
+    Ecdsa(Box<Issuer<'static, KeyPair>>),
+    Sm2(Box<aether_gmtls::certs::DevCa>),
+}
+
+impl CaIssuer {
+    /// A new CA: the issuer, its certificate and its key (PEM).
+    fn generate(algorithm: KeyAlgorithm) -> Result<(CaIssuer, String, String), CertsError> {
+        match algorithm {
+            KeyAlgorithm::EcdsaP256 => {
+                let (params, key, cert_pem) = new_ca()?;
+                let key_pem = key.serialize_pem();
+                Ok((
+                    CaIssuer::Ecdsa(Box::new(Issuer::new(params, key))),
+                    cert_pem,
+                    key_pem,
+                ))
+            }
+            KeyAlgorithm::Sm2 => {
+                let ca = aether_gmtls::certs::DevCa::generate(CA_COMMON_NAME)
+                    .map_err(sm2_error("CA certificate"))?;
+                let pem = ca.pem().clone();
+                Ok((CaIssuer::Sm2(Box::new(ca)), pem.cert_pem, pem.key_pem))
+            }
+        }
+    }
+
+    /// The CA already in `files`.
+    fn load(algorithm: KeyAlgorithm, files: &PemPair) -> Result<CaIssuer, CertsError> {
+        match algorithm {
+            KeyAlgorithm::EcdsaP256 => Ok(CaIssuer::Ecdsa(Box::new(load_ca(files)?))),
+            KeyAlgorithm::Sm2 => {
+                let cert_pem =
+                    fs::read_to_string(&files.cert).map_err(io_err("read", &files.cert))?;
+                let key_pem = fs::read_to_string(&files.key).map_err(io_err("read", &files.key))?;
+                aether_gmtls::certs::DevCa::from_pem(&cert_pem, &key_pem)
+                    .map(|ca| CaIssuer::Sm2(Box::new(ca)))
+                    .map_err(sm2_error(&format!("CA from {}", files.cert.display())))
+            }
+        }
+    }
+
+    /// The gateway's server certificate and key (PEM).
+    fn issue_server(
+        &self,
+        sans: Vec<SanType>,
+        names: &[String],
+    ) -> Result<(String, String), CertsError> {
+        let what = "server certificate";
+        match self {
+            CaIssuer::Ecdsa(issuer) => {
+                let params = leaf_params(
+                    SERVER_COMMON_NAME,
+                    sans,
+                    ExtendedKeyUsagePurpose::ServerAuth,
+                );
+                signed(&params, issuer, what)
+            }
+            CaIssuer::Sm2(ca) => {
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                let pair = ca
+                    .issue_server(SERVER_COMMON_NAME, &names)
+                    .map_err(sm2_error(what))?;
+                Ok((pair.cert_pem, pair.key_pem))
+            }
+        }
+    }
+
+    /// A member's or worker's client certificate and key (PEM): SAN URI, CN the id.
+    fn issue_client(&self, role: Role, id: &str) -> Result<(String, String), CertsError> {
+        let uri = identity_uri(role, id);
+        let what = format!("{role} certificate for {id}");
+        match self {
+            CaIssuer::Ecdsa(issuer) => {
+                let san = SanType::URI(uri.clone().try_into().map_err(|source| {
+                    CertsError::Generate {
+                        what: format!("identity URI {uri}"),
+                        source,
+                    }
+                })?);
+                let params = leaf_params(id, vec![san], ExtendedKeyUsagePurpose::ClientAuth);
+                signed(&params, issuer, &what)
+            }
+            CaIssuer::Sm2(ca) => {
+                let pair = ca.issue_client(id, &uri).map_err(sm2_error(&what))?;
+                Ok((pair.cert_pem, pair.key_pem))
+            }
+        }
+    }
+}
+
+fn sm2_error(what: &str) -> impl FnOnce(aether_gmtls::Error) -> CertsError {
+    let what = what.to_owned();
+    move |source| CertsError::Sm2 { what, source }
+}
+
+/// A new key and its certificate from `params`, signed by `issuer` (PEM).
+fn signed(
     params: &CertificateParams,
     issuer: &Issuer<'_, KeyPair>,
-    files: &PemPair,
     what: &str,
-    written: &mut Vec<PathBuf>,
-) -> Result<(), CertsError> {
+) -> Result<(String, String), CertsError> {
     let generate = |source| CertsError::Generate {
         what: what.to_owned(),
         source,
     };
     let key = KeyPair::generate().map_err(generate)?;
     let cert = params.signed_by(&key, issuer).map_err(generate)?;
-    write_pair(files, &cert.pem(), &key.serialize_pem(), written)
+    Ok((cert.pem(), key.serialize_pem()))
 }
 
 /// Writes the key first (0600 from creation, never world-readable for an instant), then

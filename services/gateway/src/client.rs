@@ -74,6 +74,17 @@ impl ClearingClient {
         server_key_pem: &Path,
         member_id: &str,
     ) -> Result<Self, ClientError> {
+        Self::connect_with(endpoint, &ClientTls::load(tls)?, server_key_pem, member_id).await
+    }
+
+    /// As [`connect`](Self::connect) with a TLS client already loaded, for instance one
+    /// offering the RFC 8998 suites ([`ClientTls::load_suite`]).
+    pub async fn connect_with(
+        endpoint: &str,
+        tls: &ClientTls,
+        server_key_pem: &Path,
+        member_id: &str,
+    ) -> Result<Self, ClientError> {
         let pem = std::fs::read_to_string(server_key_pem).map_err(|e| ClientError::ServerKey {
             path: server_key_pem.display().to_string(),
             reason: e.to_string(),
@@ -87,7 +98,7 @@ impl ClearingClient {
             endpoint: endpoint.to_owned(),
             reason,
         };
-        let channel = ClientTls::load(tls)?
+        let channel = tls
             .connect(endpoint)
             .await
             .map_err(|e| connect_err(e.reason))?;

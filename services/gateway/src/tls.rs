@@ -157,6 +157,14 @@ pub enum TlsError {
         /// Why.
         source: rustls::Error,
     },
+    /// The suite needs an identity that was not given.
+    #[error("--tls-suite {suite} needs {which} server certificate, key and CA")]
+    MissingIdentity {
+        /// The suite asked for.
+        suite: TlsSuite,
+        /// `a standard` or `an SM2`.
+        which: &'static str,
+    },
     /// The client-certificate verifier could not be built from the CA file.
     #[error("CA certificate file {path} cannot verify client certificates: {source}")]
     Verifier {
@@ -255,6 +263,94 @@ fn ring_provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// The TLS 1.3 suites a connection offers: the standard ones (AES-GCM and ChaCha20 with
+/// X25519/P-256 and ECDSA/RSA certificates), the ShangMi ones of RFC 8998
+/// (`TLS_SM4_GCM_SM3` with curveSM2 and SM2 certificates, [`aether_gmtls`]), or both.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TlsSuite {
+    #[default]
+    Standard,
+    Gm,
+    Both,
+}
+
+impl TlsSuite {
+    pub const NAMES: [&'static str; 3] = ["standard", "gm", "both"];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TlsSuite::Standard => "standard",
+            TlsSuite::Gm => "gm",
+            TlsSuite::Both => "both",
+        }
+    }
+
+    fn provider(self) -> Arc<rustls::crypto::CryptoProvider> {
+        match self {
+            TlsSuite::Standard => ring_provider(),
+            TlsSuite::Gm => Arc::new(aether_gmtls::gm_provider()),
+            TlsSuite::Both => Arc::new(aether_gmtls::combined_provider(
+                rustls::crypto::ring::default_provider(),
+            )),
+        }
+    }
+
+    /// Which development PKIs a party of this suite uses: the ECDSA one, the SM2 one or
+    /// both ([`crate::certs::KeyAlgorithm`]).
+    pub fn algorithms(self) -> &'static [crate::certs::KeyAlgorithm] {
+        use crate::certs::KeyAlgorithm::{EcdsaP256, Sm2};
+        match self {
+            TlsSuite::Standard => &[EcdsaP256],
+            TlsSuite::Gm => &[Sm2],
+            TlsSuite::Both => &[EcdsaP256, Sm2],
+        }
+    }
+}
+
+impl std::fmt::Display for TlsSuite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for TlsSuite {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "standard" => Ok(TlsSuite::Standard),
+            "gm" => Ok(TlsSuite::Gm),
+            "both" => Ok(TlsSuite::Both),
+            other => Err(format!(
+                "unknown TLS suite {other:?}; expected one of {}",
+                TlsSuite::NAMES.join(", ")
+            )),
+        }
+    }
+}
+
+/// A server's identities for a [`TlsSuite`]: the standard certificate for `standard`, the
+/// SM2 one for `gm`, both for `both` (the client's hello picks, [`aether_gmtls::DualCertResolver`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServerIdentities {
+    pub standard: Option<TlsPaths>,
+    pub sm2: Option<TlsPaths>,
+}
+
+impl ServerIdentities {
+    /// The development PKI's server files for `suite` under `<dir>/certs` (and `certs/sm2`).
+    pub fn dev(dir: &Path, suite: TlsSuite) -> Self {
+        let wants = suite.algorithms();
+        let standard = wants
+            .contains(&crate::certs::KeyAlgorithm::EcdsaP256)
+            .then(|| TlsPaths::server(&PkiLayout::new(dir)));
+        let sm2 = wants
+            .contains(&crate::certs::KeyAlgorithm::Sm2)
+            .then(|| TlsPaths::server(&PkiLayout::sm2(dir)));
+        ServerIdentities { standard, sm2 }
+    }
+}
+
 /// Server-side mTLS material, loaded and checked.
 #[derive(Debug, Clone)]
 pub struct ServerTls {
@@ -267,23 +363,70 @@ impl ServerTls {
     /// rustls configuration at once so that a bad key or CA fails here, not at the
     /// first connection.
     pub fn load(paths: &TlsPaths) -> Result<Self, TlsError> {
-        let material = Material::load(paths)?;
-        let provider = ring_provider();
-        let verifier = WebPkiClientVerifier::builder_with_provider(
-            material.roots.clone().into(),
-            provider.clone(),
+        Self::load_suite(
+            TlsSuite::Standard,
+            &ServerIdentities {
+                standard: Some(paths.clone()),
+                sm2: None,
+            },
         )
-        .build()
-        .map_err(|source| TlsError::Verifier {
-            path: paths.ca.clone(),
-            source,
-        })?;
-        let mut config = ServerConfig::builder_with_provider(provider)
+    }
+
+    /// As [`load`](Self::load), offering `suite`'s TLS 1.3 suites with the identities it
+    /// needs. Clients are accepted whose certificate chains to any of the identities' CAs
+    /// with an algorithm the suite verifies: SM2 only under `gm`, ECDSA/RSA only under
+    /// `standard`, either under `both`.
+    pub fn load_suite(suite: TlsSuite, identities: &ServerIdentities) -> Result<Self, TlsError> {
+        let missing = |which| TlsError::MissingIdentity { suite, which };
+        let standard = match suite {
+            TlsSuite::Standard | TlsSuite::Both => Some(Material::load(
+                identities.standard.as_ref().ok_or(missing("a standard"))?,
+            )?),
+            TlsSuite::Gm => None,
+        };
+        let sm2 = match suite {
+            TlsSuite::Gm | TlsSuite::Both => Some(Material::load(
+                identities.sm2.as_ref().ok_or(missing("an SM2"))?,
+            )?),
+            TlsSuite::Standard => None,
+        };
+        let provider = suite.provider();
+        let mut roots = RootCertStore::empty();
+        for material in [&standard, &sm2].into_iter().flatten() {
+            roots.roots.extend(material.roots.roots.iter().cloned());
+        }
+        let ca = [&standard, &sm2]
+            .into_iter()
+            .flatten()
+            .map(|m| m.paths.ca.clone())
+            .next()
+            .unwrap_or_default();
+        let verifier = WebPkiClientVerifier::builder_with_provider(roots.into(), provider.clone())
+            .build()
+            .map_err(|source| TlsError::Verifier { path: ca, source })?;
+        let builder = ServerConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(&[&rustls::version::TLS13])
-            .map_err(|e| material.identity_error(e))?
-            .with_client_cert_verifier(verifier)
-            .with_single_cert(material.chain.clone(), material.key.clone_key())
-            .map_err(|e| material.identity_error(e))?;
+            .map_err(|e| TlsError::Identity {
+                cert: PathBuf::new(),
+                key: PathBuf::new(),
+                source: e,
+            })?
+            .with_client_cert_verifier(verifier);
+        let (mut config, material) = match (standard, sm2) {
+            (Some(standard), Some(sm2)) => {
+                let sm2_key = certified_key(&sm2, &provider)?;
+                let standard_key = certified_key(&standard, &provider)?;
+                let resolver = aether_gmtls::DualCertResolver::new(sm2_key, standard_key);
+                (builder.with_cert_resolver(Arc::new(resolver)), standard)
+            }
+            (Some(material), None) | (None, Some(material)) => {
+                let config = builder
+                    .with_single_cert(material.chain.clone(), material.key.clone_key())
+                    .map_err(|e| material.identity_error(e))?;
+                (config, material)
+            }
+            (None, None) => return Err(missing("a")),
+        };
         config.alpn_protocols = vec![b"h2".to_vec()];
         Ok(ServerTls {
             material: Arc::new(material),
@@ -340,12 +483,40 @@ pub fn client_tls_config(paths: &TlsPaths) -> Result<ClientTlsConfig, TlsError> 
         .timeout(HANDSHAKE_TIMEOUT))
 }
 
+/// The material's chain and key, the key loaded by `provider` and checked to match.
+fn certified_key(
+    material: &Material,
+    provider: &rustls::crypto::CryptoProvider,
+) -> Result<Arc<rustls::sign::CertifiedKey>, TlsError> {
+    let key = provider
+        .key_provider
+        .load_private_key(material.key.clone_key())
+        .map_err(|e| material.identity_error(e))?;
+    let certified = rustls::sign::CertifiedKey::new(material.chain.clone(), key);
+    certified
+        .keys_match()
+        .map_err(|e| material.identity_error(e))?;
+    Ok(Arc::new(certified))
+}
+
 /// TLS 1.3 only, trusting the material's CA and presenting its certificate.
 fn rustls_client_config(material: &Material) -> Result<rustls::ClientConfig, TlsError> {
-    rustls::ClientConfig::builder_with_provider(ring_provider())
+    rustls_client_config_with(material, TlsSuite::Standard, RootCertStore::empty())
+}
+
+/// As [`rustls_client_config`] with `suite`'s suites, trusting `more_roots` too.
+fn rustls_client_config_with(
+    material: &Material,
+    suite: TlsSuite,
+    mut more_roots: RootCertStore,
+) -> Result<rustls::ClientConfig, TlsError> {
+    more_roots
+        .roots
+        .extend(material.roots.roots.iter().cloned());
+    rustls::ClientConfig::builder_with_provider(suite.provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| material.identity_error(e))?
-        .with_root_certificates(material.roots.clone())
+        .with_root_certificates(more_roots)
         .with_client_auth_cert(material.chain.clone(), material.key.clone_key())
         .map_err(|e| material.identity_error(e))
 }
@@ -374,11 +545,57 @@ impl ClientTls {
     /// Trusts `paths.ca` and presents `paths.cert`/`key`; the files are checked (the key
     /// must match the certificate) before anything connects.
     pub fn load(paths: &TlsPaths) -> Result<Self, TlsError> {
-        let mut config = rustls_client_config(&Material::load(paths)?)?;
+        Self::load_suite(TlsSuite::Standard, paths, &[])
+    }
+
+    /// As [`load`](Self::load), offering `suite`'s TLS 1.3 suites and trusting the CA
+    /// files in `more_cas` too (under `both`, the CA of the server's other certificate).
+    /// The certificate in `paths` must be one the suite can sign with: SM2 under `gm`.
+    pub fn load_suite(
+        suite: TlsSuite,
+        paths: &TlsPaths,
+        more_cas: &[PathBuf],
+    ) -> Result<Self, TlsError> {
+        let material = Material::load(paths)?;
+        let mut roots = RootCertStore::empty();
+        for ca in more_cas {
+            let pem = std::fs::read(ca).map_err(|source| TlsError::Read {
+                file: TlsFile::Ca,
+                path: ca.clone(),
+                source,
+            })?;
+            for (i, cert) in parse_certs(TlsFile::Ca, ca, &pem)?.into_iter().enumerate() {
+                roots.add(cert).map_err(|source| TlsError::TrustAnchor {
+                    path: ca.clone(),
+                    index: i + 1,
+                    source,
+                })?;
+            }
+        }
+        let mut config = rustls_client_config_with(&material, suite, roots)?;
         config.alpn_protocols = vec![b"h2".to_vec()];
         Ok(ClientTls {
             config: Arc::new(config),
         })
+    }
+
+    /// A member's or worker's client TLS from the development PKI under `<dir>/certs`:
+    /// the SM2 identity under `gm`, the standard one otherwise (trusting the SM2 CA too
+    /// under `both`, for a server that answers with its SM2 certificate).
+    pub fn dev(dir: &Path, suite: TlsSuite, role: Role, id: &str) -> Result<Self, TlsError> {
+        match suite {
+            TlsSuite::Gm => Self::load_suite(
+                suite,
+                &TlsPaths::client(&PkiLayout::sm2(dir), role, id),
+                &[],
+            ),
+            TlsSuite::Standard => Self::load(&TlsPaths::client(&PkiLayout::new(dir), role, id)),
+            TlsSuite::Both => Self::load_suite(
+                suite,
+                &TlsPaths::client(&PkiLayout::new(dir), role, id),
+                &[PkiLayout::sm2(dir).ca().cert],
+            ),
+        }
     }
 
     /// An HTTP/2 channel to `endpoint` (`https://host:port`), the server's certificate

@@ -632,3 +632,71 @@ async fn the_coalescing_client_connector_is_identified_and_checks_the_server() {
         .expect_err("an untrusted server was accepted");
     assert!(e.to_string().contains(&addr.to_string()), "{e}");
 }
+
+/// `--sm2`: the SM2 PKI lives in `certs/sm2`, beside the standard one and untouched by it;
+/// re-running issues only what is missing, from the same CA, with keys kept private; its
+/// server identity loads under `gm` and its client identities load too, while a `gm` server
+/// refuses to start on a standard identity.
+#[cfg(unix)]
+#[test]
+fn the_sm2_pki_is_kept_apart_extended_from_its_own_ca_and_loads_under_gm() {
+    use aether_gateway::certs::KeyAlgorithm;
+    use aether_gateway::tls::{ServerIdentities, TlsSuite};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec = DevPkiSpec {
+        members: vec!["bank-a".into()],
+        workers: vec!["gpu-1".into()],
+        algorithm: KeyAlgorithm::Sm2,
+        ..DevPkiSpec::default()
+    };
+    let first = init_dev_pki(dir.path(), &spec).expect("sm2 init");
+    assert_eq!(first.outcome, InitOutcome::Created);
+    assert_eq!(first.layout, PkiLayout::sm2(dir.path()));
+    assert!(!PkiLayout::new(dir.path()).ca().cert.exists());
+    let standard = init_dev_pki(dir.path(), &DevPkiSpec::default()).expect("standard init");
+    assert_eq!(standard.outcome, InitOutcome::Created);
+    let layout = first.layout;
+    let ca_before = std::fs::read(layout.ca().cert).expect("ca");
+    let extended = init_dev_pki(
+        dir.path(),
+        &DevPkiSpec {
+            members: vec!["bank-a".into(), "bank-c".into()],
+            ..spec.clone()
+        },
+    )
+    .expect("extend");
+    assert_eq!(extended.outcome, InitOutcome::Extended);
+    assert_eq!(
+        extended.written,
+        vec![layout.member("bank-c").key, layout.member("bank-c").cert]
+    );
+    assert_eq!(mode(&layout.member("bank-c").key), 0o600);
+    assert_eq!(std::fs::read(layout.ca().cert).expect("ca"), ca_before);
+
+    ServerTls::load_suite(
+        TlsSuite::Gm,
+        &ServerIdentities::dev(dir.path(), TlsSuite::Gm),
+    )
+    .expect("gm server identity");
+    ServerTls::load_suite(
+        TlsSuite::Both,
+        &ServerIdentities::dev(dir.path(), TlsSuite::Both),
+    )
+    .expect("both server identities");
+    ClientTls::dev(dir.path(), TlsSuite::Gm, Role::Member, "bank-c").expect("bank-c over gm");
+    let wrong = ServerTls::load_suite(
+        TlsSuite::Gm,
+        &ServerIdentities {
+            standard: None,
+            sm2: Some(TlsPaths::server(&PkiLayout::new(dir.path()))),
+        },
+    )
+    .expect_err("an ECDSA key is no SM2 identity");
+    assert!(wrong.to_string().contains("rejected"), "{wrong}");
+    let missing = ServerTls::load_suite(TlsSuite::Both, &ServerIdentities::default())
+        .expect_err("both needs two identities");
+    assert!(
+        missing.to_string().contains("--tls-suite both"),
+        "{missing}"
+    );
+}
