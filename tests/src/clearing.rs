@@ -222,10 +222,22 @@ impl WorkerProcess {
     /// Starts `aether worker --id <id> <args>` against `server` and waits until it has
     /// connected. Its log goes to `<data>.<id>.log`, shown if it does not connect.
     pub fn spawn(server: &Server, data: &Path, id: &str, args: &[&str]) -> WorkerProcess {
+        Self::spawn_with_env(server, data, id, args, &[])
+    }
+
+    /// [`Self::spawn`] with more environment for the worker (its OTLP endpoint, say).
+    pub fn spawn_with_env(
+        server: &Server,
+        data: &Path,
+        id: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> WorkerProcess {
         use std::io::BufRead;
         let log_path = data.with_extension(format!("{id}.log"));
         let log = std::fs::File::create(&log_path).expect("worker log file");
         let mut child = std::process::Command::new(crate::aether_bin())
+            .envs(env.iter().copied())
             .args(["worker", "--connect", &server.grpc_url, "--id", id])
             .arg("--data-dir")
             .arg(data)

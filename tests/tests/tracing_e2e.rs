@@ -95,6 +95,106 @@ async fn trace(receiver: &Receiver, trace_id: &[u8], names: &[&str]) -> Vec<Span
     }
 }
 
+/// Across the worker protocol: a traced request scored by a remote `aether worker` has the
+/// worker's span for its batch as a child of its scoring span at the gateway. And the
+/// design's sampler: at a ratio of 0 a successful request leaves no span, but a failed one
+/// is kept, even under a caller's unsampled `traceparent`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trace_crosses_to_the_worker_and_failures_are_kept_whatever_the_ratio() {
+    let (endpoint, receiver) = receiver().await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let otel = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+        ("OTEL_TRACES_SAMPLER_ARG", "0"),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    ];
+    let mut env = otel.to_vec();
+    env.push(("AETHER_NO_LOCAL_WORKERS", "true"));
+    let server = Server::start(&data, &env);
+    activate(&server).await;
+    let mut worker_env = otel.to_vec();
+    worker_env.push(("OTEL_SERVICE_NAME", "aether-worker"));
+    let _worker = aether_e2e::clearing::WorkerProcess::spawn_with_env(
+        &server,
+        &data,
+        "worker-1",
+        &[],
+        &worker_env,
+    );
+    let mut bank_a = client(&server, &data, "bank-a").await;
+
+    let trace_hex = "5bf92f3577b34da6a3ce929d0e0e4737";
+    let mut traced = trade(125_000);
+    traced.traceparent = format!("00-{trace_hex}-00f067aa0ba902b8-01");
+    bank_a.submit("req-remote", &traced).await.unwrap();
+    let spans = trace(
+        &receiver,
+        &hex::decode(trace_hex).unwrap(),
+        &["clearing.score", "aether.v1.WorkerService/Work"],
+    )
+    .await;
+    let score = spans.iter().find(|s| s.name == "clearing.score").unwrap();
+    let work = spans
+        .iter()
+        .find(|s| s.name == "aether.v1.WorkerService/Work")
+        .unwrap();
+    assert_eq!(
+        work.parent_span_id, score.span_id,
+        "the worker's batch is a child of the request's scoring"
+    );
+    assert_eq!(
+        attribute(score, "aether.worker").as_deref(),
+        Some("worker-1")
+    );
+    assert_eq!(attribute(work, "aether.batch_size").as_deref(), Some("1"));
+    assert_eq!(attribute(work, "aether.device").as_deref(), Some("cpu"));
+    assert_eq!(
+        attribute(work, "aether.model_digest").as_deref(),
+        Some(aether_gpu_worker::reference::REFERENCE_MODEL_DIGEST)
+    );
+
+    // A success at ratio 0 without a traceparent: no span.
+    let quiet_hex = "6bf92f3577b34da6a3ce929d0e0e4738";
+    let mut quiet = trade(125_000);
+    quiet.trace_id = quiet_hex.to_owned();
+    bank_a.submit("req-quiet", &quiet).await.unwrap();
+    // A failure under an unsampled traceparent: kept, as one span with the error.
+    let failed_hex = "7bf92f3577b34da6a3ce929d0e0e4739";
+    let mut failing = trade(-5);
+    failing.traceparent = format!("00-{failed_hex}-00f067aa0ba902b9-00");
+    assert!(bank_a.submit("req-failed", &failing).await.is_err());
+    let kept = trace(
+        &receiver,
+        &hex::decode(failed_hex).unwrap(),
+        &["aether.v1.ClearingService/Submit"],
+    )
+    .await;
+    assert_eq!(kept.len(), 1, "the failure's one span");
+    let failure = &kept[0];
+    assert_eq!(
+        failure.parent_span_id,
+        hex::decode("00f067aa0ba902b9").unwrap()
+    );
+    assert_eq!(failure.status.as_ref().map(|s| s.code), Some(2), "ERROR");
+    assert_eq!(attribute(failure, "aether.kept").as_deref(), Some("error"));
+    assert_eq!(
+        attribute(failure, "aether.request_id").as_deref(),
+        Some("req-failed")
+    );
+    assert!(failure.end_time_unix_nano > failure.start_time_unix_nano);
+    let quiet_id = hex::decode(quiet_hex).unwrap();
+    assert!(
+        !receiver.spans.lock().unwrap().iter().any(|s| {
+            s.trace_id == quiet_id
+                || attribute(s, "aether.request_id").as_deref() == Some("req-quiet")
+        }),
+        "a success at ratio 0 leaves no span"
+    );
+    assert!(server.terminate().success());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clearing_request_is_one_trace_under_the_members_traceparent() {
     let (endpoint, receiver) = receiver().await;

@@ -203,6 +203,9 @@ where
                 .build(),
         );
     let provider = builder.build();
+    // Also the global provider: the gateway makes the span of a failed request that was not
+    // sampled through it (`aether_gateway::telemetry::keep_failure`).
+    opentelemetry::global::set_tracer_provider(provider.clone());
     opentelemetry::global::set_text_map_propagator(
         opentelemetry_sdk::propagation::TraceContextPropagator::new(),
     );

@@ -21,6 +21,7 @@ use anyhow::Context;
 use clap::Args;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
+use tracing::Instrument as _;
 
 #[derive(Args, Debug)]
 pub struct WorkerArgs {
@@ -306,6 +307,35 @@ impl Drop for AbortOnDrop {
 }
 
 /// Scores and nets one assignment with the model it names.
+/// The span of a batch whose items came from traced requests: a child of the first traced
+/// item's scoring span at the gateway (the trace crosses the worker protocol), the others
+/// counted; no span for a batch of untraced requests, nor when traces are not exported.
+fn batch_span(assignment: &WorkAssignment, model: &ClearingModel) -> tracing::Span {
+    let mut traced = assignment
+        .items
+        .iter()
+        .filter(|i| !i.traceparent.is_empty());
+    let Some(first) = traced.next() else {
+        return tracing::Span::none();
+    };
+    let span = tracing::debug_span!(
+        "worker.score",
+        otel.name = "aether.v1.WorkerService/Work",
+        otel.kind = "consumer",
+        otel.status_code = tracing::field::Empty,
+        otel.status_message = tracing::field::Empty,
+        rpc.system = "grpc",
+        rpc.service = "aether.v1.WorkerService",
+        aether.batch_id = %assignment.batch_id,
+        aether.batch_size = assignment.items.len(),
+        aether.traced_items = 1 + traced.count(),
+        aether.model_digest = %assignment.model_digest,
+        aether.device = %model.device_name(),
+    );
+    aether_gateway::telemetry::follow(&span, &first.traceparent);
+    span
+}
+
 async fn score(models: &[Arc<ClearingModel>], assignment: WorkAssignment) -> WorkerMessage {
     let batch_id = assignment.batch_id.clone();
     let failed = |reason: String| WorkerMessage {
@@ -335,8 +365,14 @@ async fn score(models: &[Arc<ClearingModel>], assignment: WorkAssignment) -> Wor
         marked: assignment.items.iter().map(|i| i.explain).collect(),
         at_or_above: assignment.explain_at_or_above.map(|t| t as f32),
     };
-    let outcome =
-        tokio::task::spawn_blocking(move || model.score_net_and_explain(&batch, &plan)).await;
+    let span = batch_span(&assignment, &model);
+    let outcome = tokio::task::spawn_blocking(move || model.score_net_and_explain(&batch, &plan))
+        .instrument(span.clone())
+        .await;
+    if let Ok(Err(e)) = &outcome {
+        span.record("otel.status_code", "ERROR");
+        span.record("otel.status_message", tracing::field::display(e));
+    }
     match outcome {
         Ok(Ok(result)) => WorkerMessage {
             body: Some(Body::Result(BatchResult {

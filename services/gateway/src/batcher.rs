@@ -104,6 +104,9 @@ pub struct Job {
     pub explain: bool,
     /// Explain it when it scores at least this (the hold threshold).
     pub explain_at_or_above: Option<f32>,
+    /// The W3C `traceparent` of the request's scoring span when it is traced (empty
+    /// otherwise), carried to a remote worker with the trade.
+    pub traceparent: String,
 }
 
 /// A trade's explanation, when one was asked for, or why there is none.
@@ -300,6 +303,7 @@ async fn execute(
     model: ModelHandle,
     inputs: Vec<(Trade, TradeContext)>,
     plan: ExplainPlan,
+    traceparents: &[String],
 ) -> Result<Executed, String> {
     let Scorer {
         pool,
@@ -331,7 +335,11 @@ async fn execute(
             items: inputs
                 .iter()
                 .enumerate()
-                .map(|(i, (t, c))| work_item(t, c, plan.marked.get(i).copied().unwrap_or(false)))
+                .map(|(i, (t, c))| {
+                    let mut item = work_item(t, c, plan.marked.get(i).copied().unwrap_or(false));
+                    item.traceparent = traceparents.get(i).cloned().unwrap_or_default();
+                    item
+                })
                 .collect(),
             explain_at_or_above: plan.at_or_above.map(f64::from),
         };
@@ -436,6 +444,7 @@ fn work_item(trade: &Trade, context: &TradeContext, explain: bool) -> WorkItem {
         hour_utc: u32::from(context.hour_utc),
         velocity: context.velocity,
         explain,
+        traceparent: String::new(),
     }
 }
 
@@ -495,7 +504,13 @@ async fn score_batch(scorer: &Scorer<'_>, jobs: Vec<Job>, queue_depth: usize) ->
         at_or_above: jobs.iter().find_map(|j| j.explain_at_or_above),
     };
     let config = scorer.config;
-    let result = match execute(scorer, model, inputs, plan).await {
+    // Only a traced request's item carries its span to the worker.
+    let traceparents: Vec<String> = if jobs.iter().any(|j| !j.traceparent.is_empty()) {
+        jobs.iter().map(|j| j.traceparent.clone()).collect()
+    } else {
+        Vec::new()
+    };
+    let result = match execute(scorer, model, inputs, plan, &traceparents).await {
         Ok(result) => result,
         Err(reason) => {
             metrics::counter!("aether_clearing_batch_failures_total").increment(1);

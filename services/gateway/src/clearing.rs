@@ -764,6 +764,7 @@ impl ClearingGateway {
                     .config
                     .explanations
                     .then_some(self.inner.config.hold_score as f32),
+                traceparent: crate::telemetry::current_traceparent(),
             })
             .map_err(|e| ClearError::Overloaded(e.to_string()))?;
         let scored = scored

@@ -145,6 +145,9 @@ impl ClearingServer {
             }
         };
         let opening = received.elapsed();
+        // Kept only for a failure that was not sampled (`telemetry::keep_failure`).
+        let unsampled_traceparent = (span.is_disabled() && crate::telemetry::exporting())
+            .then(|| request.traceparent.clone());
         let clearing = self.gateway.clear(Submission {
             member_id: sealed.member_id.clone(),
             request_id: sealed.request_id.clone(),
@@ -171,6 +174,17 @@ impl ClearingServer {
         )
         .await;
         crate::telemetry::finish(&span, decided.as_ref().map(|a| a.receipt.seq));
+        if let (Some(traceparent), Err(e)) = (&unsampled_traceparent, &decided) {
+            crate::telemetry::keep_failure(
+                method,
+                &sealed.member_id,
+                &sealed.request_id,
+                &trace_id,
+                traceparent,
+                std::time::SystemTime::now() - received.elapsed(),
+                e,
+            );
+        }
         let answer = decided.map_err(clear_status)?;
         let plaintext = to_pb(answer).encode_to_vec();
         let issued_at = unix_now();

@@ -6,17 +6,95 @@
 //! the request, `db.*` on the ledger commit); Aether's own are under `aether.*`.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::SystemTime;
 
 use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 /// The share of root traces kept, as f64 bits; 0 until the binary sets it (traces off).
 static RATIO: AtomicU64 = AtomicU64::new(0);
+/// Whether traces are exported at all (whatever the ratio): failed requests are then kept.
+static EXPORTING: AtomicBool = AtomicBool::new(false);
 
 /// Sets the share of root traces kept (the binary, when traces are exported).
 pub fn set_ratio(ratio: f64) {
     RATIO.store(ratio.clamp(0.0, 1.0).to_bits(), Ordering::Relaxed);
+    EXPORTING.store(true, Ordering::Relaxed);
+}
+
+/// Whether traces are exported.
+pub fn exporting() -> bool {
+    EXPORTING.load(Ordering::Relaxed)
+}
+
+/// The W3C `traceparent` of the current span when it is traced, else empty: what a
+/// traced request's work carries to another process (a remote worker).
+pub fn current_traceparent() -> String {
+    use opentelemetry::trace::TraceContextExt as _;
+    let current = Span::current();
+    if current.is_disabled() {
+        return String::new();
+    }
+    let context = current.context();
+    let span = context.span();
+    let span_context = span.span_context();
+    if !span_context.is_valid() {
+        return String::new();
+    }
+    format!(
+        "00-{}-{}-{:02x}",
+        span_context.trace_id(),
+        span_context.span_id(),
+        span_context.trace_flags().to_u8()
+    )
+}
+
+/// The span a failed request that was not sampled still leaves (the design's sampler
+/// keeps every error path): made after the fact, from the request's start to now, with
+/// the request span's name and attributes and an ERROR status, under the member's
+/// `traceparent` when there is one, whatever its sampled flag. Its stage spans were never
+/// made (an unsampled request costs nothing while it runs), so the trace of a failure
+/// not sampled is this one span; a sampled failure keeps its whole tree. Nothing is held
+/// in memory for it but the request's start time.
+pub fn keep_failure(
+    method: &str,
+    member: &str,
+    request_id: &str,
+    trace_id: &str,
+    traceparent: &str,
+    started: SystemTime,
+    error: &dyn std::fmt::Display,
+) {
+    use opentelemetry::KeyValue;
+    use opentelemetry::trace::{SpanKind, Status, Tracer as _};
+    if !exporting() {
+        return;
+    }
+    let parent = if traceparent.is_empty() {
+        opentelemetry::Context::new()
+    } else {
+        let carrier = HashMap::from([("traceparent".to_owned(), traceparent.to_owned())]);
+        opentelemetry::global::get_text_map_propagator(|p| p.extract(&carrier))
+    };
+    let tracer = opentelemetry::global::tracer("aether-gateway");
+    let rpc_method = method.rsplit('/').next().unwrap_or(method);
+    let mut span = tracer
+        .span_builder(method.trim_start_matches('/').to_owned())
+        .with_kind(SpanKind::Server)
+        .with_start_time(started)
+        .with_attributes([
+            KeyValue::new("rpc.system", "grpc"),
+            KeyValue::new("rpc.service", "aether.v1.ClearingService"),
+            KeyValue::new("rpc.method", rpc_method.to_owned()),
+            KeyValue::new("aether.member", member.to_owned()),
+            KeyValue::new("aether.request_id", request_id.to_owned()),
+            KeyValue::new("aether.trace_id", trace_id.to_owned()),
+            KeyValue::new("aether.kept", "error"),
+        ])
+        .start_with_context(&tracer, &parent);
+    opentelemetry::trace::Span::set_status(&mut span, Status::error(error.to_string()));
+    opentelemetry::trace::Span::end(&mut span);
 }
 
 /// Whether a request is traced, decided before any span is made so that an untraced one
@@ -25,10 +103,10 @@ pub fn set_ratio(ratio: f64) {
 /// shifted right once, below ratio · 2⁶³), so every service keeps the same traces; a
 /// request without a trace id by a random draw at the same ratio.
 pub fn sampled(trace_id: &str, traceparent: &str) -> bool {
-    let ratio = f64::from_bits(RATIO.load(Ordering::Relaxed));
-    if ratio <= 0.0 {
+    if !exporting() {
         return false;
     }
+    let ratio = f64::from_bits(RATIO.load(Ordering::Relaxed));
     let mut parts = traceparent.split('-');
     if let (Some(_version), Some(_trace), Some(_parent), Some(flags)) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -40,7 +118,7 @@ pub fn sampled(trace_id: &str, traceparent: &str) -> bool {
         .get(16..32)
         .and_then(|low| u64::from_str_radix(low, 16).ok())
         .unwrap_or_else(|| (uuid::Uuid::now_v7().as_u128() as u64) << 2);
-    ratio >= 1.0 || ((low >> 1) as f64) < ratio * (1u64 << 63) as f64
+    ratio > 0.0 && (ratio >= 1.0 || ((low >> 1) as f64) < ratio * (1u64 << 63) as f64)
 }
 
 /// The ids every log line of one request carries (the service's log formatter reads them),
