@@ -11,6 +11,7 @@
 
 use std::path::PathBuf;
 use std::time::Duration;
+use tracing::Instrument as _;
 
 use aether_ledger::EventStore;
 use chrono::{DateTime, Utc};
@@ -185,9 +186,18 @@ async fn follow(
         };
         let last_hash = aether_ledger::hashing::to_hex(&last.hash);
         let before = sink.last_seq();
+        // A span per commit when traces are exported (`lineage.delta.commit`).
+        let commit_span = tracing::debug_span!(
+            "lineage.delta.commit",
+            db.system.name = "delta",
+            aether.first_seq = batch.first().map_or(0, |e| e.seq),
+            aether.last_seq = last.seq,
+            aether.events = batch.len(),
+        );
         // The batch may start below a table's cursor (a resume); each commit holds only
         // what its table lacked.
         let events_commit = off_worker(sink.append(&batch))
+            .instrument(commit_span.clone())
             .await?
             .map(|version| DeltaCommit {
                 table: TABLE_NAME.to_owned(),
@@ -199,7 +209,9 @@ async fn follow(
         let mut decisions_commit = None;
         if let Some(d) = decisions.as_mut() {
             let before = d.last_seq();
-            if let Some(version) = off_worker(d.append(&batch)).await?
+            if let Some(version) = off_worker(d.append(&batch))
+                .instrument(commit_span.clone())
+                .await?
                 && let Some(first) = batch
                     .iter()
                     .find(|e| e.seq > before && e.event_type == CLEARING_DECIDED)

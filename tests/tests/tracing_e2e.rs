@@ -229,13 +229,21 @@ async fn a_clearing_request_is_one_trace_under_the_members_traceparent() {
     let trace_id = hex::decode(trace_hex).unwrap();
     let root_name = "aether.v1.ClearingService/Submit";
     let stages = [
+        "envelope.open",
+        "clearing.validate",
+        "clearing.route",
         "clearing.rules",
         "clearing.score",
         "ledger.commit",
         "envelope.seal",
     ];
+    let nested = [
+        ("clearing.citations", "clearing.rules"),
+        ("batch.queue", "clearing.score"),
+    ];
     let mut names = vec![root_name];
     names.extend(stages);
+    names.extend(nested.map(|(child, _)| child));
     let spans = trace(&receiver, &trace_id, &names).await;
     let untraced_id = hex::decode(untraced_hex).unwrap();
     assert!(
@@ -278,14 +286,36 @@ async fn a_clearing_request_is_one_trace_under_the_members_traceparent() {
             span.parent_span_id, root.span_id,
             "{stage} is a child of the request"
         );
+        // The envelope is opened before the request's span can exist (its traceparent is
+        // inside), so that one stage starts before its parent.
         assert!(
-            span.start_time_unix_nano >= root.start_time_unix_nano,
+            span.start_time_unix_nano >= root.start_time_unix_nano || stage == "envelope.open",
             "{stage}"
         );
         assert!(
             span.end_time_unix_nano <= root.end_time_unix_nano || stage == "envelope.seal",
             "{stage}"
         );
+    }
+    for (child, parent) in nested {
+        let span = spans.iter().find(|s| s.name == child).unwrap();
+        let parent = spans.iter().find(|s| s.name == parent).unwrap();
+        assert_eq!(
+            span.parent_span_id, parent.span_id,
+            "{child} under its stage"
+        );
+    }
+    // The Delta relay's commits are spans of their own.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !receiver
+        .spans
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|s| s.name == "lineage.delta.commit" && attribute(s, "aether.last_seq").is_some())
+    {
+        assert!(Instant::now() < deadline, "no lineage.delta.commit span");
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let score = spans.iter().find(|s| s.name == "clearing.score").unwrap();
     assert_eq!(attribute(score, "aether.device").as_deref(), Some("cpu"));
@@ -297,6 +327,10 @@ async fn a_clearing_request_is_one_trace_under_the_members_traceparent() {
             .unwrap()
             .start_time_unix_nano
     };
+    let envelope_open = spans.iter().find(|s| s.name == "envelope.open").unwrap();
+    assert!(envelope_open.end_time_unix_nano <= start("clearing.validate"));
+    assert!(start("clearing.validate") <= start("clearing.route"));
+    assert!(start("clearing.route") <= start("clearing.rules"));
     assert!(start("clearing.rules") <= start("clearing.score"));
     assert!(start("clearing.score") <= start("ledger.commit"));
 
@@ -336,6 +370,35 @@ async fn a_clearing_request_is_one_trace_under_the_members_traceparent() {
         attribute(call, "http.response.status_code").as_deref(),
         Some("200")
     );
+
+    // Each analysis window of an automated rollout is a span of its own.
+    let (status, body) = aether_e2e::clearing::post(
+        &server,
+        "/v1/models",
+        serde_json::json!({"ref": "aether-anomaly-mlp-v2@reference",
+            "uri": aether_e2e::clearing::reference_weights(),
+            "digest": aether_gpu_worker::reference::REFERENCE_MODEL_DIGEST,
+            "feature_schema": {"schema": "aether.features.v1"}}),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = aether_e2e::clearing::post(
+        &server,
+        "/v1/rollouts",
+        serde_json::json!({"baseline": "aether-anomaly-mlp@reference",
+            "candidate": "aether-anomaly-mlp-v2@reference", "steps": [10, 50, 100],
+            "automated": true, "analysis": {"window": {"length_ms": 1000}}}),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let rollout = body["rollout"]["id"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !receiver.spans.lock().unwrap().iter().any(|s| {
+        s.name == "rollout.check" && attribute(s, "aether.rollout").as_deref() == Some(&rollout)
+    }) {
+        assert!(Instant::now() < deadline, "no rollout.check span");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     // Log lines join up: a line written inside a traced call carries the ids of its
     // exported span; inside an untraced one, the call's trace id and a span id of its own.

@@ -210,12 +210,15 @@ where
         opentelemetry_sdk::propagation::TraceContextPropagator::new(),
     );
     let tracer = provider.tracer("aether");
-    // Aether's spans only (the ledger's and the libraries' debug events stay out).
+    // Aether's spans only (the ledger's and the libraries' debug events stay out): the
+    // requests' (binary, gateway), the lineage relays' commits and the rollout checks.
     let ours = tracing_subscriber::filter::filter_fn(|meta| {
         meta.is_span()
             && (meta.target().starts_with("aether::")
                 || meta.target() == "aether"
-                || meta.target().starts_with("aether_gateway"))
+                || meta.target().starts_with("aether_gateway")
+                || meta.target() == "aether_lineage::delta_relay"
+                || meta.target() == "aether_control::rollout_controller")
     });
     let layer = tracing_opentelemetry::layer()
         .with_tracer(tracer)

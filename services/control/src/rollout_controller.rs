@@ -367,6 +367,13 @@ impl RolloutController {
         nodes
     }
 
+    /// One analysis window: a span of its own when traces are exported (`rollout.check`).
+    #[tracing::instrument(
+        level = "debug",
+        name = "rollout.check",
+        skip_all,
+        fields(aether.rollout = %self.rollout_id, aether.step = self.step)
+    )]
     async fn check(
         &mut self,
         window: &WindowSamples,

@@ -107,6 +107,8 @@ pub struct Job {
     /// The W3C `traceparent` of the request's scoring span when it is traced (empty
     /// otherwise), carried to a remote worker with the trade.
     pub traceparent: String,
+    /// When a traced trade was queued (set by [`Batcher::submit`]), for its queue-wait span.
+    pub queued_at: Option<std::time::SystemTime>,
 }
 
 /// A trade's explanation, when one was asked for, or why there is none.
@@ -194,7 +196,10 @@ impl Batcher {
     }
 
     /// Queues a trade, or refuses at once when the queue is full.
-    pub fn submit(&self, job: Job) -> Result<(), Overloaded> {
+    pub fn submit(&self, mut job: Job) -> Result<(), Overloaded> {
+        if !job.traceparent.is_empty() {
+            job.queued_at = Some(std::time::SystemTime::now());
+        }
         let depth = self.capacity - self.tx.capacity();
         metrics::gauge!("aether_clearing_queue_depth").set(depth as f64);
         self.tx.try_send(job).map_err(|_| {
@@ -272,6 +277,26 @@ async fn collect(
             }
             drop(recording);
         });
+    }
+}
+
+/// The queue wait of each traced trade of a batch, as a span under its scoring span.
+fn queue_spans(jobs: &[Job], batch_id: Uuid, queue_depth: usize) {
+    let now = std::time::SystemTime::now();
+    for job in jobs {
+        if let Some(queued_at) = job.queued_at {
+            crate::telemetry::past_span(
+                "batch.queue",
+                &job.traceparent,
+                queued_at,
+                now,
+                vec![
+                    opentelemetry::KeyValue::new("aether.batch_id", batch_id.to_string()),
+                    opentelemetry::KeyValue::new("aether.batch_size", jobs.len() as i64),
+                    opentelemetry::KeyValue::new("aether.queue_depth", queue_depth as i64),
+                ],
+            );
+        }
     }
 }
 
@@ -504,6 +529,7 @@ async fn score_batch(scorer: &Scorer<'_>, jobs: Vec<Job>, queue_depth: usize) ->
         at_or_above: jobs.iter().find_map(|j| j.explain_at_or_above),
     };
     let config = scorer.config;
+    queue_spans(&jobs, batch_id, queue_depth);
     // Only a traced request's item carries its span to the worker.
     let traceparents: Vec<String> = if jobs.iter().any(|j| !j.traceparent.is_empty()) {
         jobs.iter().map(|j| j.traceparent.clone()).collect()

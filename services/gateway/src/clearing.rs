@@ -368,9 +368,12 @@ impl ClearingGateway {
     /// checked whole before anything is looked up or batched: a malformed one (a NUL in
     /// its request id, say) never reaches a query or a batch that other members share.
     pub async fn clear(&self, submission: Submission) -> Result<Answer, ClearError> {
-        let trade = validate(&submission)?;
-        check_trace_id(&submission.colouring.trace_id)?;
-        let digest = trade_digest(&trade);
+        let (trade, digest) = crate::stage_span!("clearing.validate").in_scope(|| {
+            let trade = validate(&submission)?;
+            check_trace_id(&submission.colouring.trace_id)?;
+            let digest = trade_digest(&trade);
+            Ok::<_, ClearError>((trade, digest))
+        })?;
         let key: RequestKey =
             Arc::new((submission.member_id.clone(), submission.request_id.clone()));
         let recent = self.lock_recent().map.get(&key).cloned();
@@ -448,8 +451,11 @@ impl ClearingGateway {
     ) -> Result<Answer, ClearError> {
         let started = Instant::now();
         let now = Utc::now();
-        let route = self.route(&s.request_id, &s.colouring.model_stage)?;
-        let origin = origin_of(&s, &route)?;
+        let (route, origin) = crate::stage_span!("clearing.route").in_scope(|| {
+            let route = self.route(&s.request_id, &s.colouring.model_stage)?;
+            let origin = origin_of(&s, &route)?;
+            Ok::<_, ClearError>((route, origin))
+        })?;
         let observed = self.observed(&route);
         let stage_failed = |e: ClearError| {
             if let Some(o) = &observed {
@@ -473,7 +479,8 @@ impl ClearingGateway {
                         ClearError::NoEngine(format!("the engine's policies cannot run: {e}"))
                     })?;
                 let corpora = self.inner.control.corpora.current_versions();
-                let cited = self.cited(&evaluation.cited_clauses());
+                let cited = crate::stage_span!("clearing.citations")
+                    .in_scope(|| self.cited(&evaluation.cited_clauses()));
                 let rules_digest = to_hex(&evaluation.rules_digest);
                 let snapshot_id = self.inner.snapshot_ids.id(&route, &rules_digest, &corpora);
                 Ok::<_, ClearError>((
@@ -765,6 +772,7 @@ impl ClearingGateway {
                     .explanations
                     .then_some(self.inner.config.hold_score as f32),
                 traceparent: crate::telemetry::current_traceparent(),
+                queued_at: None,
             })
             .map_err(|e| ClearError::Overloaded(e.to_string()))?;
         let scored = scored

@@ -145,6 +145,23 @@ impl ClearingServer {
             }
         };
         let opening = received.elapsed();
+        if !span.is_disabled() {
+            let opened_at = std::time::SystemTime::now();
+            crate::telemetry::past_span(
+                "envelope.open",
+                &span.in_scope(crate::telemetry::current_traceparent),
+                opened_at - opening,
+                opened_at,
+                vec![opentelemetry::KeyValue::new(
+                    "aether.key",
+                    if sealed.key_id.is_empty() {
+                        "request"
+                    } else {
+                        "session"
+                    },
+                )],
+            );
+        }
         // Kept only for a failure that was not sampled (`telemetry::keep_failure`).
         let unsampled_traceparent = (span.is_disabled() && crate::telemetry::exporting())
             .then(|| request.traceparent.clone());

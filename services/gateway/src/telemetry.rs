@@ -50,6 +50,32 @@ pub fn current_traceparent() -> String {
     )
 }
 
+/// A stage that was over before its span could be made (the envelope is opened before the
+/// request's `traceparent` is known; a trade's wait in the batch queue ends in another
+/// task): a span from `start` to `end` under `traceparent`'s span. Nothing when traces are
+/// not exported or `traceparent` is empty (the request is not traced).
+pub fn past_span(
+    name: &'static str,
+    traceparent: &str,
+    start: SystemTime,
+    end: SystemTime,
+    attributes: Vec<opentelemetry::KeyValue>,
+) {
+    use opentelemetry::trace::{Span as _, Tracer as _};
+    if !exporting() || traceparent.is_empty() {
+        return;
+    }
+    let carrier = HashMap::from([("traceparent".to_owned(), traceparent.to_owned())]);
+    let parent = opentelemetry::global::get_text_map_propagator(|p| p.extract(&carrier));
+    let tracer = opentelemetry::global::tracer("aether-gateway");
+    let mut span = tracer
+        .span_builder(name)
+        .with_start_time(start)
+        .with_attributes(attributes)
+        .start_with_context(&tracer, &parent);
+    span.end_with_timestamp(end);
+}
+
 /// The span a failed request that was not sampled still leaves (the design's sampler
 /// keeps every error path): made after the fact, from the request's start to now, with
 /// the request span's name and attributes and an ERROR status, under the member's
