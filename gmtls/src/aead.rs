@@ -14,8 +14,9 @@ use rustls::crypto::cipher::{
 };
 use rustls::{ConnectionTrafficSecrets, ContentType, Error, ProtocolVersion};
 
-/// SM4-GCM: RustCrypto's GCM is generic over any 128-bit block cipher.
-pub type Sm4Gcm = aes_gcm::AesGcm<sm4::Sm4, U12>;
+/// SM4-GCM: RustCrypto's GCM is generic over any 128-bit block cipher; the block cipher is
+/// ours, constant time on AES-NI ([`crate::sm4ct`]).
+pub type Sm4Gcm = aes_gcm::AesGcm<crate::sm4ct::Sm4Ct, U12>;
 
 /// SM4 key length (GB/T 32907-2016).
 pub const SM4_KEY_LEN: usize = 16;

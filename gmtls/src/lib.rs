@@ -21,7 +21,8 @@
 //!
 //! # What this crate implements
 //!
-//! * [`TLS_SM4_GCM_SM3`]: SM4-GCM (RustCrypto's generic GCM over `sm4::Sm4`) with HKDF over
+//! * [`TLS_SM4_GCM_SM3`]: SM4-GCM (RustCrypto's generic GCM over [`sm4ct::Sm4Ct`], SM4 in
+//!   constant time on the CPU's AES instructions, eight blocks at a time) with HKDF over
 //!   HMAC-SM3 (rustls' `HkdfUsingHmac`). `TLS_SM4_CCM_SM3` is not implemented.
 //! * [`kx::CURVE_SM2`]: curveSM2 ECDHE, 65-byte uncompressed key shares, x-coordinate shared
 //!   secret, invalid points refused; offered for TLS 1.3 only.
@@ -52,6 +53,7 @@ pub mod hash;
 pub mod kx;
 mod resolver;
 pub mod sign;
+pub mod sm4ct;
 pub mod suite;
 pub mod verify;
 
