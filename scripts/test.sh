@@ -28,7 +28,8 @@
 #   CARGO_TARGET_DIR               respected as is
 set -euo pipefail
 
-# --long: after the suite, the two-minute chaos run (`aether cluster chaos`).
+# --long: after the suite, the two-minute chaos run (`aether cluster chaos`) and the HTTP fuzz
+# test with 200 inputs per operation instead of 8.
 LONG=0
 if [[ "${1:-}" == "--long" ]]; then
     LONG=1
@@ -348,6 +349,8 @@ if [[ "$LONG" == 1 ]]; then
     step "the long chaos run: 3 nodes, 120 s, a SIGKILL every 10 s"
     "${CARGO_TARGET_DIR:-target}/debug/aether" cluster chaos --nodes 3 --duration-secs 120 \
         --kill-every-secs 10 --s3s-fs "$AETHER_S3S_FS"
+    step "the long fuzz run: 200 arbitrary inputs on every HTTP operation (seed ${AETHER_FUZZ_SEED:-default})"
+    AETHER_FUZZ_CASES=200 cargo test -p aether-e2e --test fuzz_http_e2e
 fi
 
 step "all checks passed"

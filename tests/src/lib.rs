@@ -214,6 +214,18 @@ pub fn http() -> reqwest::Client {
 }
 
 /// The server's Prometheus text (`GET /metrics`).
+/// The service's OpenAPI document (`GET /v1/openapi.json`, no token needed).
+pub async fn openapi_document(server: &Server) -> serde_json::Value {
+    http()
+        .get(server.url("/v1/openapi.json"))
+        .send()
+        .await
+        .expect("GET /v1/openapi.json")
+        .json()
+        .await
+        .expect("the OpenAPI document is JSON")
+}
+
 pub async fn metrics(server: &Server) -> String {
     http()
         .get(server.url("/metrics"))

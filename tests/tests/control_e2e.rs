@@ -927,14 +927,7 @@ async fn the_openapi_document_matches_the_routes() {
 async fn every_operation_admits_exactly_the_roles_it_documents() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(&dir.path().join("data"), &[]);
-    let doc: Value = http()
-        .get(server.url("/v1/openapi.json"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let doc: Value = aether_e2e::openapi_document(&server).await;
     let callers = [
         ("operator", Some(OPERATOR_TOKEN)),
         ("regulator", Some(REGULATOR_TOKEN)),
