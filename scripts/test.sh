@@ -12,7 +12,8 @@
 # 2. cargo fmt --check, cargo clippy -D warnings, then all workspace tests
 #    (cargo-nextest when installed, plain cargo test otherwise).
 # 3. The lineage API read by the Marquez Python client, with a job sent by
-#    openlineage-python (tests/marquez; when python3 is present).
+#    openlineage-python (tests/marquez; when python3 is present), and the OpenAPI document
+#    checked against the running service by schemathesis (tests/openapi).
 # 4. The console (console/web, Node.js 20+ and npm): npm ci, a fresh build that must equal
 #    the committed console/dist, svelte-check, its unit tests, and its browser test in
 #    Debian's Chromium (installed with apt-get when missing; CHROMIUM names another).
@@ -311,6 +312,25 @@ if command -v python3 >/dev/null 2>&1; then
     AETHER_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/aether" "$venv/bin/python" tests/marquez/test_marquez_client.py
 else
     warn "python3 not found: the Marquez client test (tests/marquez) is skipped"
+fi
+
+step "the OpenAPI document against the running service (schemathesis, tests/openapi)"
+# Pinned in tests/openapi/requirements.txt, in a virtual environment kept under
+# ~/.cache/aether/tools and made again when the pin changes.
+if command -v python3 >/dev/null 2>&1; then
+    st_venv="${HOME}/.cache/aether/tools/schemathesis-venv"
+    st_pins=$(sha256sum tests/openapi/requirements.txt | cut -d' ' -f1)
+    if [[ "$(cat "$st_venv/.pins" 2>/dev/null)" != "$st_pins" ]]; then
+        info "installing schemathesis into $st_venv"
+        rm -rf "$st_venv"
+        python3 -m venv "$st_venv" || die "cannot make a Python virtual environment (python3-venv)"
+        "$st_venv/bin/pip" install -q --disable-pip-version-check -r tests/openapi/requirements.txt ||
+            die "cannot install tests/openapi/requirements.txt"
+        printf '%s\n' "$st_pins" >"$st_venv/.pins"
+    fi
+    tests/openapi/check.sh "$st_venv/bin/schemathesis" "${CARGO_TARGET_DIR:-$PWD/target}/debug/aether"
+else
+    warn "python3 not found: the OpenAPI check (tests/openapi) is skipped"
 fi
 
 step "the console: its committed build, its unit tests, and Chromium (console/web)"

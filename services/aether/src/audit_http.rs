@@ -319,7 +319,7 @@ async fn proven<T>(
 /// signed checkpoint.
 #[utoipa::path(get, path = "/v1/audit/events/{seq}", tag = "audit",
     description = "One event with its lineage records, its snapshot, and an inclusion proof against the latest signed checkpoint. Role: regulator.",
-    params(("seq" = u64, Path, description = "Ledger position")),
+    params(("seq" = u64, Path, minimum = 1, maximum = 9007199254740991.0, description = "Ledger position")),
     responses((status = 200, description = "The event, lineage, snapshot and proof", body = serde_json::Value),
               (status = 404, description = "No event at that seq")))]
 async fn event(
@@ -546,10 +546,12 @@ async fn checkpoints(
 /// checkpoint's).
 #[utoipa::path(get, path = "/v1/audit/proofs/inclusion", tag = "audit",
     description = "RFC 9162 inclusion proof (SM3) of an event in a tree size (default: the latest checkpoint's). Role: regulator.",
-    params(("seq" = u64, Query, description = "The event"),
-           ("tree_size" = Option<u64>, Query, description = "The tree the proof is against")),
+    params(("seq" = u64, Query, minimum = 1, maximum = 9007199254740991.0, description = "The event"),
+           ("tree_size" = Option<u64>, Query, minimum = 1, maximum = 9007199254740991.0, description = "The tree the proof is against")),
     responses((status = 200, description = "The proof", body = serde_json::Value),
-              (status = 404, description = "No such event or tree size")))]
+              (status = 404, description = "No such event or tree size"),
+              (status = 409, description = "No signed checkpoint yet (without `tree_size`)"),
+              (status = 422, description = "No such proof: the event lies beyond the tree size asked for")))]
 async fn inclusion(
     State(state): State<AppState>,
     auditor: Auditor,
@@ -594,9 +596,10 @@ async fn inclusion(
 /// `GET /v1/audit/proofs/consistency?from=&to=`.
 #[utoipa::path(get, path = "/v1/audit/proofs/consistency", tag = "audit",
     description = "RFC 9162 consistency proof between two tree sizes. Role: regulator.",
-    params(("from" = u64, Query, description = "Older tree size"),
-           ("to" = u64, Query, description = "Newer tree size")),
-    responses((status = 200, description = "The proof", body = serde_json::Value)))]
+    params(("from" = u64, Query, minimum = 1, maximum = 9007199254740991.0, description = "Older tree size"),
+           ("to" = u64, Query, minimum = 1, maximum = 9007199254740991.0, description = "Newer tree size, at least `from`")),
+    responses((status = 200, description = "The proof", body = serde_json::Value),
+              (status = 422, description = "No such proof: `from` is 0 or above `to`, or `to` beyond the log")))]
 async fn consistency(
     State(state): State<AppState>,
     auditor: Auditor,

@@ -447,7 +447,7 @@ async fn aether_ledger_facet_schema(headers: HeaderMap) -> Response {
 /// `GET /v1/lineage/events/{seq}`: an event's lineage records (OpenLineage run, Delta).
 #[utoipa::path(get, path = "/v1/lineage/events/{seq}", tag = "ledger",
     description = "An event's lineage records: its OpenLineage run event and the Delta table version holding it. Role: operator or regulator.",
-    params(("seq" = u64, Path, description = "Ledger position")),
+    params(("seq" = u64, Path, minimum = 1, maximum = 9007199254740991.0, description = "Ledger position")),
     responses((status = 200, description = "The records", body = serde_json::Value),
               (status = 404, description = "No lineage record yet (the relays follow the ledger)"),
               (status = 503, description = "The lineage records cannot be read")))]
@@ -583,7 +583,7 @@ async fn list_events(
 /// `GET /v1/events/{seq}`: one event.
 #[utoipa::path(get, path = "/v1/events/{seq}", tag = "ledger",
     description = "One event with its hashes. Role: operator or regulator.",
-    params(("seq" = u64, Path, description = "Ledger position")),
+    params(("seq" = u64, Path, minimum = 1, maximum = 9007199254740991.0, description = "Ledger position")),
     responses((status = 200, description = "The event", body = serde_json::Value),
               (status = 404, description = "No event at that seq")))]
 async fn get_event(

@@ -167,9 +167,9 @@ async fn with_graph<R>(
 /// `GET /api/v1/lineage?nodeId=job:<ns>:<name>|dataset:<ns>:<name>&depth=20&asOf=<RFC 3339>`.
 #[utoipa::path(get, path = "/api/v1/lineage", tag = "lineage",
     description = "The lineage graph around a node, in Marquez's shape (`{graph: [{id, type, data, inEdges, outEdges}]}`), live or as it stood at `asOf` (Aether's addition). Role: operator or regulator.",
-    params(("nodeId" = String, Query, description = "`job:<namespace>:<name>` or `dataset:<namespace>:<name>`"),
+    params(("nodeId" = String, Query, pattern = "^(job|dataset):", description = "`job:<namespace>:<name>` or `dataset:<namespace>:<name>`"),
            ("depth" = Option<u64>, Query, maximum = 1000, description = "Jobs away in each direction (default 20)"),
-           ("asOf" = Option<String>, Query, description = "RFC 3339: the graph as it stood then")),
+           ("asOf" = Option<String>, Query, format = DateTime, description = "RFC 3339: the graph as it stood then")),
     responses((status = 200, description = "The graph", body = serde_json::Value),
               (status = 404, description = "No such node (at that time)")))]
 async fn graph(
@@ -222,9 +222,9 @@ const SEARCH_MAX_LIMIT: u64 = 100;
 /// clearing decision by its request id.
 #[utoipa::path(get, path = "/api/v1/search", tag = "lineage",
     description = "Marquez's search (jobs and datasets whose name or namespace contains `q`, ignoring case) and Aether's own: a run by id, ledger event types by name, a clearing decision by request id. `{totalCount, results: [{type, name, namespace, nodeId, updatedAt}]}`. Role: operator or regulator.",
-    params(("q" = String, Query, description = "The text, 1 to 256 bytes"),
-           ("filter" = Option<String>, Query, description = "JOB, DATASET, RUN, EVENT_TYPE or REQUEST"),
-           ("sort" = Option<String>, Query, description = "NAME (default) or UPDATE_AT"),
+    params(("q" = String, Query, pattern = "^[^\\x00]*\\S[^\\x00]*$", max_length = 64, description = "The text, 1 to 256 bytes (not only spaces; 64 characters are at most 256 bytes)"),
+           ("filter" = Option<String>, Query, pattern = "^(JOB|DATASET|RUN|EVENT_TYPE|REQUEST)$", description = "JOB, DATASET, RUN, EVENT_TYPE or REQUEST"),
+           ("sort" = Option<String>, Query, pattern = "^(NAME|UPDATE_AT)$", description = "NAME (default) or UPDATE_AT"),
            ("limit" = Option<u64>, Query, maximum = 100, description = "Results, default 10")),
     responses((status = 200, description = "The results", body = serde_json::Value)))]
 async fn search(
@@ -318,7 +318,7 @@ async fn search(
 /// `GET /api/v1/namespaces`.
 #[utoipa::path(get, path = "/api/v1/namespaces", tag = "lineage",
     description = "Every namespace holding a job or a dataset, in Marquez's shape. Role: operator or regulator.",
-    params(("limit" = Option<u64>, Query, maximum = 1000), ("offset" = Option<u64>, Query)),
+    params(("limit" = Option<u64>, Query, maximum = 1000), ("offset" = Option<u64>, Query, maximum = 9007199254740991.0)),
     responses((status = 200, description = "`{namespaces, totalCount}`", body = serde_json::Value)))]
 async fn namespaces(
     State(state): State<AppState>,
@@ -340,7 +340,7 @@ async fn namespaces(
 /// `GET /api/v1/namespaces/{namespace}/jobs`.
 #[utoipa::path(get, path = "/api/v1/namespaces/{namespace}/jobs", tag = "lineage",
     description = "The jobs of a namespace, by name, in Marquez's shape (`{jobs, totalCount}`). Role: operator or regulator.",
-    params(("namespace" = String, Path), ("limit" = Option<u64>, Query, maximum = 1000), ("offset" = Option<u64>, Query)),
+    params(("namespace" = String, Path), ("limit" = Option<u64>, Query, maximum = 1000), ("offset" = Option<u64>, Query, maximum = 9007199254740991.0)),
     responses((status = 200, description = "A page of jobs", body = serde_json::Value)))]
 async fn jobs(
     State(state): State<AppState>,
@@ -356,7 +356,7 @@ async fn jobs(
 /// `GET /api/v1/namespaces/{namespace}/datasets`.
 #[utoipa::path(get, path = "/api/v1/namespaces/{namespace}/datasets", tag = "lineage",
     description = "The datasets of a namespace, by name, in Marquez's shape (`{datasets, totalCount}`). Role: operator or regulator.",
-    params(("namespace" = String, Path), ("limit" = Option<u64>, Query, maximum = 1000), ("offset" = Option<u64>, Query)),
+    params(("namespace" = String, Path), ("limit" = Option<u64>, Query, maximum = 1000), ("offset" = Option<u64>, Query, maximum = 9007199254740991.0)),
     responses((status = 200, description = "A page of datasets", body = serde_json::Value)))]
 async fn datasets(
     State(state): State<AppState>,
@@ -387,7 +387,7 @@ async fn namespace_page(
 /// `GET /api/v1/namespaces/{namespace}/datasets/{dataset}/versions`, newest first.
 #[utoipa::path(get, path = "/api/v1/namespaces/{namespace}/datasets/{dataset}/versions", tag = "lineage",
     description = "A dataset's versions, newest first, each with the run that made it. Role: operator or regulator.",
-    params(("namespace" = String, Path), ("dataset" = String, Path), ("limit" = Option<u64>, Query, maximum = 1000), ("offset" = Option<u64>, Query)),
+    params(("namespace" = String, Path), ("dataset" = String, Path), ("limit" = Option<u64>, Query, maximum = 1000), ("offset" = Option<u64>, Query, maximum = 9007199254740991.0)),
     responses((status = 200, description = "`{versions, totalCount}`", body = serde_json::Value),
               (status = 404, description = "No such dataset")))]
 async fn dataset_versions(
@@ -505,7 +505,7 @@ async fn job_versions(
 /// `GET /api/v1/sources`: one source per dataset namespace.
 #[utoipa::path(get, path = "/api/v1/sources", tag = "lineage",
     description = "One source per namespace holding datasets (a dataset's `sourceName` is its namespace). Role: operator or regulator.",
-    params(("limit" = Option<u64>, Query, maximum = 1000), ("offset" = Option<u64>, Query)),
+    params(("limit" = Option<u64>, Query, maximum = 1000), ("offset" = Option<u64>, Query, maximum = 9007199254740991.0)),
     responses((status = 200, description = "`{sources, totalCount}`", body = serde_json::Value)))]
 async fn sources(
     State(state): State<AppState>,
@@ -527,7 +527,7 @@ async fn sources(
 /// `GET /api/v1/tags`: Aether tags nothing, so the list is empty.
 #[utoipa::path(get, path = "/api/v1/tags", tag = "lineage",
     description = "Tags: Aether tags nothing, so the list is empty. Role: operator or regulator.",
-    params(("limit" = Option<u64>, Query, maximum = 1000), ("offset" = Option<u64>, Query)),
+    params(("limit" = Option<u64>, Query, maximum = 1000), ("offset" = Option<u64>, Query, maximum = 9007199254740991.0)),
     responses((status = 200, description = "`{tags: [], totalCount: 0}`", body = serde_json::Value)))]
 async fn tags(
     State(state): State<AppState>,
@@ -658,7 +658,7 @@ async fn one_node(
 /// events behind it).
 #[utoipa::path(get, path = "/api/v1/namespaces/{namespace}/jobs/{job}/runs", tag = "lineage",
     description = "A job's runs, newest first, in Marquez's shape; each run's `aether_ledger` facet names the ledger event behind it. Role: operator or regulator.",
-    params(("namespace" = String, Path), ("job" = String, Path), ("limit" = Option<u64>, Query, maximum = 1000), ("offset" = Option<u64>, Query)),
+    params(("namespace" = String, Path), ("job" = String, Path), ("limit" = Option<u64>, Query, maximum = 1000), ("offset" = Option<u64>, Query, maximum = 100000)),
     responses((status = 200, description = "`{runs}`", body = serde_json::Value)))]
 async fn job_runs(
     State(state): State<AppState>,
@@ -720,7 +720,7 @@ async fn run(
 /// external), oldest first.
 #[utoipa::path(get, path = "/api/v1/events/lineage", tag = "lineage",
     description = "Stored OpenLineage events (Aether's and other producers'), oldest first. Role: operator or regulator.",
-    params(("limit" = Option<u64>, Query, maximum = 1000), ("offset" = Option<u64>, Query, maximum = 100000), ("after" = Option<String>, Query, description = "RFC 3339: events after this time")),
+    params(("limit" = Option<u64>, Query, maximum = 1000), ("offset" = Option<u64>, Query, maximum = 100000), ("after" = Option<String>, Query, format = DateTime, description = "RFC 3339: events after this time")),
     responses((status = 200, description = "`{events}`", body = serde_json::Value)))]
 async fn events(
     State(state): State<AppState>,
@@ -741,7 +741,7 @@ async fn events(
 /// `GET /api/v1/events`: the same, where the Marquez Python client's `list_events` asks.
 #[utoipa::path(get, path = "/api/v1/events", tag = "lineage",
     description = "The same as `/api/v1/events/lineage`, where the Marquez Python client asks. Role: operator or regulator.",
-    params(("limit" = Option<u64>, Query, maximum = 1000), ("offset" = Option<u64>, Query, maximum = 100000), ("after" = Option<String>, Query)),
+    params(("limit" = Option<u64>, Query, maximum = 1000), ("offset" = Option<u64>, Query, maximum = 100000), ("after" = Option<String>, Query, format = DateTime)),
     responses((status = 200, description = "`{events}`", body = serde_json::Value)))]
 async fn events_by_client(
     state: State<AppState>,

@@ -7,6 +7,7 @@
 //! `application/problem+json` (RFC 9457) as the body of every error.
 
 use utoipa::openapi::path::Operation;
+use utoipa::openapi::schema::{Schema, SchemaType, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, Response, ResponseBuilder};
 use utoipa::{Modify, OpenApi, ToSchema};
@@ -101,7 +102,19 @@ impl Modify for Shared {
     }
 }
 
+/// What no path or query parameter may hold: NUL (refused by the `refuse_nul` middleware before any
+/// handler, as the database could not store it).
+const NO_NUL: &str = "^[^\\x00]*$";
+
 fn share(operation: &mut Operation) {
+    for parameter in operation.parameters.iter_mut().flatten() {
+        if let Some(RefOr::T(Schema::Object(object))) = parameter.schema.as_mut()
+            && object.schema_type == SchemaType::Type(Type::String)
+            && object.pattern.is_none()
+        {
+            object.pattern = Some(NO_NUL.to_owned());
+        }
+    }
     operation
         .security
         .get_or_insert_with(Vec::new)
@@ -151,5 +164,8 @@ mod tests {
         );
         assert!(ingest["responses"]["401"].is_object());
         assert!(ingest["responses"]["201"]["content"]["application/json"].is_object());
+        // Every string parameter says it may not hold NUL (the middleware refuses it).
+        let versions = &value["paths"]["/v1/policies/{name}/versions"]["get"];
+        assert_eq!(versions["parameters"][0]["schema"]["pattern"], NO_NUL);
     }
 }
