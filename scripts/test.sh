@@ -295,39 +295,33 @@ else
     [ "$status" -eq 0 ] || exit "$status"
 fi
 
-step "the lineage API against the Marquez Python client and openlineage-python (tests/marquez)"
-# The clients themselves, pinned in tests/marquez/requirements.txt, in a virtual environment
-# kept under ~/.cache/aether/tools and made again when the pins change.
-if command -v python3 >/dev/null 2>&1; then
-    venv="${HOME}/.cache/aether/tools/marquez-venv"
-    pins=$(sha256sum tests/marquez/requirements.txt | cut -d' ' -f1)
+# A virtual environment under ~/.cache/aether/tools/<name> holding what <requirements> pins,
+# made again when the pins change; prints its path.
+pinned_venv() {
+    local venv="${HOME}/.cache/aether/tools/$1" requirements="$2" pins
+    pins=$(sha256sum "$requirements" | cut -d' ' -f1)
     if [[ "$(cat "$venv/.pins" 2>/dev/null)" != "$pins" ]]; then
-        info "installing the pinned clients into $venv"
+        info "installing $requirements into $venv" >&2
         rm -rf "$venv"
-        python3 -m venv "$venv" || die "cannot make a Python virtual environment (python3-venv)"
-        "$venv/bin/pip" install -q --disable-pip-version-check -r tests/marquez/requirements.txt ||
-            die "cannot install tests/marquez/requirements.txt"
+        python3 -m venv "$venv" >&2 || die "cannot make a Python virtual environment (python3-venv)"
+        "$venv/bin/pip" install -q --disable-pip-version-check -r "$requirements" >&2 ||
+            die "cannot install $requirements"
         printf '%s\n' "$pins" >"$venv/.pins"
     fi
+    printf '%s\n' "$venv"
+}
+
+step "the lineage API against the Marquez Python client and openlineage-python (tests/marquez)"
+if command -v python3 >/dev/null 2>&1; then
+    venv=$(pinned_venv marquez-venv tests/marquez/requirements.txt)
     AETHER_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/aether" "$venv/bin/python" tests/marquez/test_marquez_client.py
 else
     warn "python3 not found: the Marquez client test (tests/marquez) is skipped"
 fi
 
 step "the OpenAPI document against the running service (schemathesis, tests/openapi)"
-# Pinned in tests/openapi/requirements.txt, in a virtual environment kept under
-# ~/.cache/aether/tools and made again when the pin changes.
 if command -v python3 >/dev/null 2>&1; then
-    st_venv="${HOME}/.cache/aether/tools/schemathesis-venv"
-    st_pins=$(sha256sum tests/openapi/requirements.txt | cut -d' ' -f1)
-    if [[ "$(cat "$st_venv/.pins" 2>/dev/null)" != "$st_pins" ]]; then
-        info "installing schemathesis into $st_venv"
-        rm -rf "$st_venv"
-        python3 -m venv "$st_venv" || die "cannot make a Python virtual environment (python3-venv)"
-        "$st_venv/bin/pip" install -q --disable-pip-version-check -r tests/openapi/requirements.txt ||
-            die "cannot install tests/openapi/requirements.txt"
-        printf '%s\n' "$st_pins" >"$st_venv/.pins"
-    fi
+    st_venv=$(pinned_venv schemathesis-venv tests/openapi/requirements.txt)
     tests/openapi/check.sh "$st_venv/bin/schemathesis" "${CARGO_TARGET_DIR:-$PWD/target}/debug/aether"
 else
     warn "python3 not found: the OpenAPI check (tests/openapi) is skipped"
