@@ -259,11 +259,20 @@ async fn rollout_analysis(
     .into_response())
 }
 
+/// The body of a review's close.
+#[derive(serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ReviewClose {
+    /// What the reviewers decided: 1 to 2,000 characters, not only spaces.
+    #[schema(pattern = "^[^\\x00]*\\S[^\\x00]*$", max_length = 2000)]
+    resolution: String,
+}
+
 #[utoipa::path(post, path = "/v1/rollouts/{id}/reviews/{ticket}/close", tag = "rollouts",
     description = "Closes the drift review an L3 freeze opened (`ReviewTicketClosed` on the rollout's stream, body `{resolution}`): the rollout controller releases the freeze and the candidate starts again from its first step. Role: operator.",
     params(("id" = String, Path, description = "Rollout id"),
            ("ticket" = String, Path, description = "The open review's ticket, as `ReviewTicketOpened` names it")),
-    request_body(content = serde_json::Value, description = "`{resolution}`: what the reviewers decided, 1 to 2,000 characters"),
+    request_body(content = ReviewClose, description = "What the reviewers decided"),
     responses(
         (status = 200, description = "`{rollout, event}`", body = serde_json::Value),
         (status = 404, description = "No such rollout"),
@@ -275,12 +284,7 @@ async fn close_review(
     Path((id, ticket)): Path<(String, String)>,
     body: Bytes,
 ) -> Result<Response, Problem> {
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Close {
-        resolution: String,
-    }
-    let close: Close = json_body(&body, "review close {resolution}")?;
+    let close: ReviewClose = json_body(&body, "review close {resolution}")?;
     if close.resolution.trim().is_empty() || close.resolution.chars().count() > 2000 {
         return Err(Problem::new(
             StatusCode::UNPROCESSABLE_ENTITY,

@@ -712,10 +712,53 @@ async fn append_events(
         .into_response())
 }
 
+/// A JSON integer in a request body, written `7` or `7.0` (JSON Schema's `integer` admits
+/// both), from 0 to 2^53 − 1 (what JSON carries exactly).
+pub(crate) fn json_integer<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    use serde::de::Error as _;
+    let number = serde_json::Number::deserialize(d)?;
+    let exact = number.as_u64().or_else(|| {
+        number
+            .as_f64()
+            .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= MAX_SEQ as f64)
+            .map(|f| f as u64)
+    });
+    exact.filter(|n| *n <= MAX_SEQ).ok_or_else(|| {
+        D::Error::custom(format!(
+            "expected an integer from 0 to {MAX_SEQ}, got {number}"
+        ))
+    })
+}
+
+/// [`json_integer`] for an optional member.
+pub(crate) fn json_integer_opt<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<u64>, D::Error> {
+    #[derive(Deserialize)]
+    struct Wrapped(#[serde(deserialize_with = "json_integer")] u64);
+    Ok(Option::<Wrapped>::deserialize(d)?.map(|Wrapped(n)| n))
+}
+
+/// The body of a redaction.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Redaction {
+    /// The event's ledger position.
+    #[schema(minimum = 1, maximum = 9007199254740991_u64)]
+    #[serde(deserialize_with = "json_integer")]
+    seq: u64,
+    /// The personal member of its payload, as its placeholder names it.
+    #[schema(pattern = "^[^\\x00]+$")]
+    member: String,
+    /// Why, for the record: not only spaces.
+    #[schema(pattern = "^[^\\x00]*\\S[^\\x00]*$")]
+    reason: String,
+}
+
 /// `POST /v1/redactions` (operator) `{seq, member, reason}`: erases one personal value.
 #[utoipa::path(post, path = "/v1/redactions", tag = "ledger",
     description = "Erases one personal value of an event: appends `RedactionApplied`, then deletes the value; the chain still verifies (the event keeps its salted commitment). Role: operator.",
-    request_body(content = serde_json::Value, description = "`{seq, member, reason}`"),
+    request_body(content = Redaction, description = "Which value, and why"),
     responses((status = 201, description = "The `RedactionApplied` event", body = serde_json::Value),
               (status = 404, description = "No such event or personal member"),
               (status = 422, description = "Malformed, or no reason")))]
@@ -724,13 +767,6 @@ async fn redact(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, Problem> {
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Redaction {
-        seq: u64,
-        member: String,
-        reason: String,
-    }
     let caller = authorize(&state, &headers, &[Role::Operator])?;
     let r: Redaction = serde_json::from_slice(&body).map_err(|e| {
         Problem::new(

@@ -463,7 +463,8 @@ async fn close(State(state): State<AppState>, request: axum::extract::Request) -
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct PageView {
-    /// The console page viewed: a path under `/ui`, with its query.
+    /// The console page viewed: a path under `/ui`, with its query (at most 2,048 bytes).
+    #[schema(pattern = "^/ui($|[/?])[^\\x00]*$", max_length = 512)]
     path: String,
 }
 

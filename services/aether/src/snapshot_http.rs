@@ -32,6 +32,8 @@ pub fn routes() -> OpenApiRouter<AppState> {
 #[serde(deny_unknown_fields)]
 struct TakeRequest {
     /// How long prepare may take, 1..=300000 ms (default 30000).
+    #[schema(minimum = 1, maximum = 300000)]
+    #[serde(default, deserialize_with = "crate::http::json_integer_opt")]
     ttl_ms: Option<u64>,
 }
 
@@ -50,10 +52,11 @@ async fn take(
     Operator(origin): Operator,
     body: Bytes,
 ) -> Result<Response, Problem> {
+    // No body, or `null`: the defaults.
     let request: TakeRequest = if body.is_empty() {
         TakeRequest::default()
     } else {
-        json_body(&body, "snapshot {ttl_ms}")?
+        json_body::<Option<TakeRequest>>(&body, "snapshot {ttl_ms}")?.unwrap_or_default()
     };
     let ttl = match request.ttl_ms {
         None => DEFAULT_TTL,
@@ -125,7 +128,10 @@ async fn list(State(state): State<AppState>, headers: HeaderMap) -> Result<Respo
 #[serde(deny_unknown_fields)]
 struct RollbackRequest {
     /// A committed snapshot's id, or `previous` (the one before the newest).
+    #[schema(pattern = "^[^\\x00]+$")]
     snapshot_id: String,
+    /// Why, for the record: not only spaces.
+    #[schema(pattern = "^[^\\x00]*\\S[^\\x00]*$")]
     reason: String,
 }
 
