@@ -677,10 +677,62 @@ fn parse_append(body: &[u8]) -> Result<Vec<AppendToStream>, Problem> {
         .collect()
 }
 
+/// The body of `POST /v1/events` as the OpenAPI document gives it (`parse_append` reads it):
+/// one stream's append, or several (`{appends: [...]}`) committed atomically.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)] // documents the wire format
+enum AppendDoc {
+    One(StreamAppendDoc),
+    Many {
+        #[schema(min_items = 1)]
+        appends: Vec<StreamAppendDoc>,
+    },
+}
+
+/// One stream's events.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // documents the wire format
+struct StreamAppendDoc {
+    /// 1 to 256 bytes (64 characters are at most 256), no control characters, no
+    /// surrounding spaces; the system's own streams are refused (403).
+    #[schema(
+        max_length = 64,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f\\s]([^\\x00-\\x1f\\x7f-\\x9f]*[^\\x00-\\x1f\\x7f-\\x9f\\s])?$"
+    )]
+    stream_id: String,
+    /// `any` (default), `no_stream`, `stream_exists` or the stream's exact version.
+    expected_version: Option<serde_json::Value>,
+    #[schema(min_items = 1)]
+    events: Vec<EventDoc>,
+}
+
+/// One event. Every number in `payload`, `metadata` and `personal` is within ±(2^53 − 1)
+/// and no text holds NUL (refused with 422: JSON Schema cannot say it at every depth).
+#[derive(Deserialize, utoipa::ToSchema)]
+#[allow(dead_code)] // documents the wire format
+struct EventDoc {
+    /// A UUID of the caller's (made when absent); unique across the ledger.
+    #[schema(
+        pattern = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+    )]
+    event_id: Option<String>,
+    /// 1 to 128 ASCII letters, digits, `.`, `_` or `-`, starting with a letter.
+    #[schema(pattern = "^[A-Za-z][A-Za-z0-9._-]{0,127}$")]
+    event_type: String,
+    #[schema(minimum = 0, maximum = 2147483647)]
+    schema_version: Option<u32>,
+    payload: serde_json::Map<String, serde_json::Value>,
+    metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Payload members that are personal data (kept as salted commitments, erasable).
+    personal: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
 /// `POST /v1/events` (operator): appends and answers once committed.
 #[utoipa::path(post, path = "/v1/events", tag = "ledger",
     description = "Appends events to one or several streams atomically, with expected versions; answers once committed. Role: operator. The system's own streams (`ledger/`, `access/`, `clearing/`, `netting`, `worker/`, `engine/`, `model/`, `policy/`, `policy-rejections`, `corpus/`, `corpus-rejections`, `rollout/`, `analysis/`, `snapshot`, `lineage/`, `cluster/`) and event types (`CheckpointSigned`, `ClearingDecided`, `AuditQueried`, the control plane's ...) are refused with 403: each is written only by the component that owns it.",
-    request_body(content = serde_json::Value, description = "`{stream_id, expected_version, events: [{event_type, payload, metadata}]}` or a list of them"),
+    request_body(content = AppendDoc, description = "`{stream_id, expected_version, events: [{event_type, payload, metadata}]}`, or `{appends: [...]}` of them"),
     responses((status = 201, description = "`{committed: [{seq, stream_id, stream_version, event_id, hash, recorded_at}]}`", body = serde_json::Value),
               (status = 403, description = "A reserved stream or event type; nothing was appended"),
               (status = 409, description = "A stream is not at the expected version; nothing was appended"),
