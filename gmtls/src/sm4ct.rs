@@ -79,6 +79,16 @@ impl Sm4Ct {
     }
 }
 
+impl Drop for Sm4Ct {
+    /// The round keys are the key: wiped when the cipher goes (the table path's own
+    /// cipher wipes itself, the `sm4` crate's `zeroize` feature).
+    fn drop(&mut self) {
+        if let Imp::Ni(rk) = &mut self.imp {
+            zeroize::Zeroize::zeroize(rk);
+        }
+    }
+}
+
 impl std::fmt::Debug for Sm4Ct {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Sm4Ct")

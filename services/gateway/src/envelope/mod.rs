@@ -17,9 +17,8 @@ mod key;
 mod request_keys;
 mod session;
 
-use aes_gcm::aead::consts::U12;
 use aes_gcm::aead::{AeadInOut, KeyInit};
-use aes_gcm::{AesGcm, Nonce, Tag};
+use aes_gcm::{Nonce, Tag};
 use zeroize::Zeroize;
 
 pub use aad::{Aad, Direction};
@@ -47,8 +46,9 @@ pub const MAX_PLAINTEXT_LEN: usize = 1 << 20;
 /// Largest single AAD text field (method, request id, member id, key id), in bytes.
 pub const MAX_AAD_FIELD_LEN: usize = 1024;
 
-/// SM4 in GCM mode, 12-byte nonce, 16-byte tag: the AEAD of RFC 8998 (TLS_SM4_GCM_SM3).
-type Sm4Gcm = AesGcm<sm4::Sm4, U12>;
+/// SM4 in GCM mode, 12-byte nonce, 16-byte tag: the AEAD of RFC 8998 (TLS_SM4_GCM_SM3),
+/// on the constant-time SM4 of `aether_gmtls` (no table indexed by key or data bytes).
+type Sm4Gcm = aether_gmtls::aead::Sm4Gcm;
 
 /// A 16-byte SM4 key and its SM4-GCM key schedule, made once: a session key opens and
 /// seals many messages, and expanding it per message was ~1.5 % of a client's CPU. Both
