@@ -65,8 +65,7 @@ pub fn past_span(
     if !exporting() || traceparent.is_empty() {
         return;
     }
-    let carrier = HashMap::from([("traceparent".to_owned(), traceparent.to_owned())]);
-    let parent = opentelemetry::global::get_text_map_propagator(|p| p.extract(&carrier));
+    let parent = parent_context(traceparent);
     let tracer = opentelemetry::global::tracer("aether-gateway");
     let mut span = tracer
         .span_builder(name)
@@ -97,12 +96,7 @@ pub fn keep_failure(
     if !exporting() {
         return;
     }
-    let parent = if traceparent.is_empty() {
-        opentelemetry::Context::new()
-    } else {
-        let carrier = HashMap::from([("traceparent".to_owned(), traceparent.to_owned())]);
-        opentelemetry::global::get_text_map_propagator(|p| p.extract(&carrier))
-    };
+    let parent = parent_context(traceparent);
     let tracer = opentelemetry::global::tracer("aether-gateway");
     let rpc_method = method.rsplit('/').next().unwrap_or(method);
     let mut span = tracer
@@ -232,15 +226,21 @@ pub fn request_span(
 /// are on and the caller sent one.
 pub fn follow(span: &Span, traceparent: &str) {
     if !span.is_disabled() && !traceparent.is_empty() {
-        let carrier = HashMap::from([("traceparent".to_owned(), traceparent.to_owned())]);
-        let parent = opentelemetry::global::get_text_map_propagator(|p| p.extract(&carrier));
-        let _ = span.set_parent(parent);
+        let _ = span.set_parent(parent_context(traceparent));
     }
 }
 
+/// The OpenTelemetry context a W3C `traceparent` names; an empty one makes a root.
+fn parent_context(traceparent: &str) -> opentelemetry::Context {
+    if traceparent.is_empty() {
+        return opentelemetry::Context::new();
+    }
+    let carrier = HashMap::from([("traceparent".to_owned(), traceparent.to_owned())]);
+    opentelemetry::global::get_text_map_propagator(|p| p.extract(&carrier))
+}
+
 /// Records how the request ended: the ledger seq of its decision (a trace names its
-/// event), or an error status (kept whatever the sampling ratio only if sampled: see
-/// `docs/operations.md`).
+/// event), or an error status (a failure that was not sampled is kept by [`keep_failure`]).
 pub fn finish<E: std::fmt::Display>(span: &Span, outcome: Result<u64, &E>) {
     match outcome {
         Ok(seq) => {
