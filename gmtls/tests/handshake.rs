@@ -23,9 +23,8 @@ fn chain(pem: &str) -> Vec<CertificateDer<'static>> {
     pem_to_cert_chain(pem).unwrap()
 }
 
-#[test]
-fn gm_mutual_auth_handshake_and_data() {
-    let pki = gm_pki();
+/// A `gm` client and server from the SM2 development PKI, each trusting its CA.
+fn gm_configs(pki: &common::GmPki) -> (rustls::ClientConfig, rustls::ServerConfig) {
     let roots = roots(&[&pki.ca.cert_der().unwrap()]);
     let server = server_config(
         gm(),
@@ -41,6 +40,13 @@ fn gm_mutual_auth_handshake_and_data() {
         pki.client.key_der().unwrap(),
     )
     .unwrap();
+    (client, server)
+}
+
+#[test]
+fn gm_mutual_auth_handshake_and_data() {
+    let pki = gm_pki();
+    let (client, server) = gm_configs(&pki);
     let (mut c, mut s) = pair(client, server, "localhost");
     let outcome = handshake(&mut c, &mut s);
     assert!(outcome.ok(), "{outcome:?}");
@@ -206,21 +212,7 @@ fn tampered_certificate_signature_is_refused() {
 #[test]
 fn server_name_mismatch_is_refused() {
     let pki = gm_pki();
-    let roots = roots(&[&pki.ca.cert_der().unwrap()]);
-    let server = server_config(
-        gm(),
-        roots.clone(),
-        chain(&pki.server.cert_pem),
-        pki.server.key_der().unwrap(),
-    )
-    .unwrap();
-    let client = client_config(
-        gm(),
-        roots,
-        chain(&pki.client.cert_pem),
-        pki.client.key_der().unwrap(),
-    )
-    .unwrap();
+    let (client, server) = gm_configs(&pki);
     let (mut c, mut s) = pair(client, server, "example.com");
     let outcome = handshake(&mut c, &mut s);
     assert!(
