@@ -20,7 +20,8 @@ dir=$(mktemp -d)
 port=$((20000 + RANDOM % 20000))
 operator="openapi-operator-$RANDOM$RANDOM$RANDOM"
 regulator="openapi-regulator-$RANDOM$RANDOM$RANDOM"
-AETHER_TOKENS="operator:$operator,regulator:$regulator" AETHER_LOG=warn \
+# The embedded SQLite ledger in the scratch directory, whatever DATABASE_URL the caller has.
+env -u DATABASE_URL AETHER_TOKENS="operator:$operator,regulator:$regulator" AETHER_LOG=warn \
     "$AETHER" serve --data-dir "$dir/data" --listen "127.0.0.1:$port" --grpc-listen 127.0.0.1:0 \
     >"$dir/serve.out" 2>"$dir/serve.log" </dev/null &
 pid=$!
