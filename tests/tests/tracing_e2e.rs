@@ -338,7 +338,35 @@ async fn a_clearing_request_is_one_trace_under_the_members_traceparent() {
     let event = aether_e2e::clearing::get(&server, &format!("/v1/audit/events/{seq}")).await;
     assert_eq!(event["event"]["metadata"]["trace_id"], trace_hex, "{event}");
 
-    // An HTTP call is a span under the caller's traceparent.
+    // A member's OpenTelemetry gRPC client puts the trace context in the call's metadata,
+    // not in the colouring: followed, with its tracestate, and the decision names it.
+    let meta_hex = "8bf92f3577b34da6a3ce929d0e0e4731";
+    let meta_parent = "00f067aa0ba902c1";
+    let mut by_metadata = client(&server, &data, "bank-a").await.with_trace_context(
+        &format!("00-{meta_hex}-{meta_parent}-01"),
+        "vendor=abc,other=1",
+    );
+    let answer = by_metadata
+        .submit("req-metadata", &trade(125_000))
+        .await
+        .unwrap();
+    let spans = trace(&receiver, &hex::decode(meta_hex).unwrap(), &[root_name]).await;
+    let root = spans.iter().find(|s| s.name == root_name).unwrap();
+    assert_eq!(root.parent_span_id, hex::decode(meta_parent).unwrap());
+    assert_eq!(root.trace_state, "vendor=abc,other=1");
+    let seq = answer.receipt.as_ref().unwrap().seq;
+    let event = aether_e2e::clearing::get(&server, &format!("/v1/audit/events/{seq}")).await;
+    assert_eq!(event["event"]["metadata"]["trace_id"], meta_hex, "{event}");
+    // A traceparent in metadata that is not W3C's is ignored (W3C Trace Context): the
+    // request goes through as if it had none.
+    let mut bad = client(&server, &data, "bank-a")
+        .await
+        .with_trace_context("00-zz-yy-01", "");
+    bad.submit("req-bad-metadata", &trade(125_000))
+        .await
+        .unwrap();
+
+    // An HTTP call is a span under the caller's traceparent, with its tracestate.
     let http_trace = "0af7651916cd43dd8448eb211c80319c";
     let resp = http()
         .get(server.url("/v1/engines"))
@@ -347,6 +375,7 @@ async fn a_clearing_request_is_one_trace_under_the_members_traceparent() {
             "traceparent",
             format!("00-{http_trace}-b7ad6b7169203331-01"),
         )
+        .header("tracestate", "congo=t61rcWkgMzE")
         .send()
         .await
         .unwrap();
@@ -362,6 +391,7 @@ async fn a_clearing_request_is_one_trace_under_the_members_traceparent() {
         call.parent_span_id,
         hex::decode("b7ad6b7169203331").unwrap()
     );
+    assert_eq!(call.trace_state, "congo=t61rcWkgMzE");
     assert_eq!(
         attribute(call, "http.request.method").as_deref(),
         Some("GET")

@@ -197,7 +197,12 @@ async fn colour(mut request: axum::extract::Request, next: axum::middleware::Nex
         aether.trace_id = %origin.trace_id,
         )
     };
-    aether_gateway::telemetry::follow(&span, &traceparent);
+    let tracestate = request
+        .headers()
+        .get("tracestate")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    aether_gateway::telemetry::follow_with_state(&span, &traceparent, tracestate);
     let ids = aether_gateway::telemetry::LogIds::new(&origin.trace_id);
     request.extensions_mut().insert(origin);
     let mut response = {

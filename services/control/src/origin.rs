@@ -151,6 +151,12 @@ impl Origin {
     }
 }
 
+/// Whether `value` is a W3C `traceparent` this service follows (version 00 form, non-zero
+/// ids, lowercase hex).
+pub fn valid_traceparent(value: &str) -> bool {
+    parse_traceparent(value).is_ok()
+}
+
 /// `(trace id, whole header)` of a valid W3C traceparent.
 fn parse_traceparent(value: &str) -> Result<(String, String), ColouringError> {
     let err = || ColouringError::TraceParent(value.to_owned());

@@ -63,6 +63,8 @@ pub struct ClearingClient {
     server_key: sm2::PublicKey,
     member_id: String,
     keying: Keying,
+    /// `traceparent` and `tracestate` sent as gRPC metadata with every call.
+    trace: Option<(String, String)>,
 }
 
 impl ClearingClient {
@@ -107,6 +109,7 @@ impl ClearingClient {
             server_key,
             member_id: member_id.to_owned(),
             keying: Keying::PerRequest,
+            trace: None,
         })
     }
 
@@ -231,12 +234,22 @@ impl ClearingClient {
     }
 
     /// The key for one call: the session key, or a fresh one wrapped for the header.
+    /// Sends this W3C trace context as gRPC metadata (`traceparent`, and `tracestate` when
+    /// not empty) with every call, as OpenTelemetry's gRPC instrumentation does; the gateway
+    /// follows it for requests whose colouring names no `traceparent` of its own.
+    pub fn with_trace_context(mut self, traceparent: &str, tracestate: &str) -> Self {
+        self.trace = Some((traceparent.to_owned(), tracestate.to_owned()));
+        self
+    }
+
     fn call_key(&self) -> Result<CallKey, ClientError> {
+        let trace = self.trace.clone();
         Ok(match &self.keying {
             Keying::Session { key_id, key } => CallKey {
                 key: Sm4Key::clone(key),
                 key_id: key_id.clone(),
                 header: None,
+                trace,
             },
             Keying::PerRequest => {
                 let key = Sm4Key::generate()?;
@@ -245,6 +258,7 @@ impl ClearingClient {
                     key,
                     key_id: String::new(),
                     header: Some(encode_wrapped_key(&wrapped)),
+                    trace,
                 }
             }
         })
@@ -322,6 +336,7 @@ struct CallKey {
     key: Sm4Key,
     key_id: String,
     header: Option<String>,
+    trace: Option<(String, String)>,
 }
 
 impl CallKey {
@@ -333,6 +348,15 @@ impl CallKey {
                 .parse()
                 .map_err(|_| ClientError::Answer("unencodable key header".into()))?;
             call.metadata_mut().insert(KEY_HEADER, value);
+        }
+        if let Some((traceparent, tracestate)) = &self.trace {
+            let unencodable = |_| ClientError::Answer("unencodable trace context".into());
+            call.metadata_mut()
+                .insert("traceparent", traceparent.parse().map_err(unencodable)?);
+            if !tracestate.is_empty() {
+                call.metadata_mut()
+                    .insert("tracestate", tracestate.parse().map_err(unencodable)?);
+            }
         }
         Ok(call)
     }

@@ -73,9 +73,10 @@ impl ClearingServer {
         &self,
         peer: &Peer,
         method: &str,
-        key_header: Option<&str>,
+        call: &CallMetadata,
         sealed: SealedRequest,
     ) -> Result<SealedResponse, Status> {
+        let key_header = call.key_header.as_deref();
         // The gateway stage's time: opening and checking here, sealing at the end.
         let received = std::time::Instant::now();
         peer.authorize_member(&sealed.member_id)?;
@@ -122,6 +123,14 @@ impl ClearingServer {
         let trade = request
             .trade
             .ok_or_else(|| Status::invalid_argument("the ClearingRequest has no trade"))?;
+        // The colouring's own trace context, else the call's metadata's (with its state).
+        let mut tracestate = "";
+        if request.traceparent.is_empty()
+            && let Some(traceparent) = &call.traceparent
+        {
+            request.traceparent = traceparent.clone();
+            tracestate = &call.tracestate;
+        }
         // The request's span, a child of the member's `traceparent` (known only once the
         // envelope is open); off unless traces are exported (`crate::telemetry`).
         let span = crate::telemetry::request_span(
@@ -130,6 +139,7 @@ impl ClearingServer {
             &sealed.request_id,
             &request.trace_id,
             &request.traceparent,
+            tracestate,
         );
         // The ids its log lines carry: the trace id it is coloured with (the member's, else
         // its traceparent's, else the one the gateway makes, made here so both agree).
@@ -193,11 +203,14 @@ impl ClearingServer {
         crate::telemetry::finish(&span, decided.as_ref().map(|a| a.receipt.seq));
         if let (Some(traceparent), Err(e)) = (&unsampled_traceparent, &decided) {
             crate::telemetry::keep_failure(
-                method,
-                &sealed.member_id,
-                &sealed.request_id,
-                &trace_id,
-                traceparent,
+                &crate::telemetry::FailedRequest {
+                    method,
+                    member: &sealed.member_id,
+                    request_id: &sealed.request_id,
+                    trace_id: &trace_id,
+                    traceparent,
+                    tracestate,
+                },
                 std::time::SystemTime::now() - received.elapsed(),
                 e,
             );
@@ -225,12 +238,34 @@ impl ClearingServer {
     }
 }
 
-fn key_header<T>(request: &Request<T>) -> Option<String> {
-    request
-        .metadata()
-        .get(KEY_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
+/// What a call's gRPC metadata says for all its requests: the per-request key header, and
+/// the W3C trace context an OpenTelemetry-instrumented gRPC client puts there (followed
+/// when a request's own colouring names no `traceparent`; one that is not W3C's is
+/// ignored, as W3C Trace Context says).
+#[derive(Clone, Debug, Default)]
+struct CallMetadata {
+    key_header: Option<String>,
+    traceparent: Option<String>,
+    tracestate: String,
+}
+
+fn call_metadata<T>(request: &Request<T>) -> CallMetadata {
+    let text = |name: &str| {
+        request
+            .metadata()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let traceparent = text("traceparent").filter(|t| aether_control::origin::valid_traceparent(t));
+    CallMetadata {
+        key_header: text(KEY_HEADER),
+        tracestate: traceparent
+            .as_ref()
+            .and_then(|_| text("tracestate"))
+            .unwrap_or_default(),
+        traceparent,
+    }
 }
 
 fn envelope_failure(kind: &'static str) {
@@ -344,14 +379,9 @@ impl ClearingService for ClearingServer {
         request: Request<SealedRequest>,
     ) -> Result<Response<SealedResponse>, Status> {
         let peer = Peer::from_request(&request)?;
-        let header = key_header(&request);
+        let call = call_metadata(&request);
         let answer = self
-            .one(
-                &peer,
-                METHOD_SUBMIT,
-                header.as_deref(),
-                request.into_inner(),
-            )
+            .one(&peer, METHOD_SUBMIT, &call, request.into_inner())
             .await?;
         Ok(Response::new(answer))
     }
@@ -364,7 +394,7 @@ impl ClearingService for ClearingServer {
         request: Request<SealedBatchRequest>,
     ) -> Result<Response<SealedBatchResponse>, Status> {
         let peer = Peer::from_request(&request)?;
-        let header = key_header(&request);
+        let call = call_metadata(&request);
         let requests = request.into_inner().requests;
         if requests.len() > MAX_BATCH_REQUESTS {
             return Err(Status::invalid_argument(format!(
@@ -377,7 +407,7 @@ impl ClearingService for ClearingServer {
         }
         let answers = futures::future::join_all(requests.into_iter().map(|r| async {
             let request_id = r.request_id.clone();
-            self.one(&peer, METHOD_SUBMIT_BATCH, header.as_deref(), r)
+            self.one(&peer, METHOD_SUBMIT_BATCH, &call, r)
                 .await
                 .unwrap_or_else(|status| item_error(request_id, &status))
         }))
@@ -397,7 +427,7 @@ impl ClearingService for ClearingServer {
         request: Request<Streaming<SealedRequest>>,
     ) -> Result<Response<Self::SubmitStreamStream>, Status> {
         let peer = Peer::from_request(&request)?;
-        let header = key_header(&request);
+        let call = call_metadata(&request);
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(256);
         let server = self.clone();
@@ -413,8 +443,8 @@ impl ClearingService for ClearingServer {
                                 ending = Some(status);
                                 break;
                             }
-                            let (server, peer, header, tx) =
-                                (server.clone(), peer.clone(), header.clone(), tx.clone());
+                            let (server, peer, call, tx) =
+                                (server.clone(), peer.clone(), call.clone(), tx.clone());
                             tasks.spawn(async move {
                                 let request_id = sealed.request_id.clone();
                                 // Boxed: the task then holds a pointer, not the whole
@@ -422,7 +452,7 @@ impl ClearingService for ClearingServer {
                                 let answer = Box::pin(server.one(
                                     &peer,
                                     METHOD_SUBMIT_STREAM,
-                                    header.as_deref(),
+                                    &call,
                                     sealed,
                                 ))
                                 .await

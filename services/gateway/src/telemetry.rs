@@ -65,7 +65,7 @@ pub fn past_span(
     if !exporting() || traceparent.is_empty() {
         return;
     }
-    let parent = parent_context(traceparent);
+    let parent = parent_context(traceparent, "");
     let tracer = opentelemetry::global::tracer("aether-gateway");
     let mut span = tracer
         .span_builder(name)
@@ -73,6 +73,18 @@ pub fn past_span(
         .with_attributes(attributes)
         .start_with_context(&tracer, &parent);
     span.end_with_timestamp(end);
+}
+
+/// What [`keep_failure`] names a failed request by: its call, member and ids, and the
+/// caller's trace context.
+#[derive(Clone, Copy, Debug)]
+pub struct FailedRequest<'a> {
+    pub method: &'a str,
+    pub member: &'a str,
+    pub request_id: &'a str,
+    pub trace_id: &'a str,
+    pub traceparent: &'a str,
+    pub tracestate: &'a str,
 }
 
 /// The span a failed request that was not sampled still leaves (the design's sampler
@@ -83,11 +95,7 @@ pub fn past_span(
 /// not sampled is this one span; a sampled failure keeps its whole tree. Nothing is held
 /// in memory for it but the request's start time.
 pub fn keep_failure(
-    method: &str,
-    member: &str,
-    request_id: &str,
-    trace_id: &str,
-    traceparent: &str,
+    request: &FailedRequest<'_>,
     started: SystemTime,
     error: &dyn std::fmt::Display,
 ) {
@@ -96,7 +104,15 @@ pub fn keep_failure(
     if !exporting() {
         return;
     }
-    let parent = parent_context(traceparent);
+    let FailedRequest {
+        method,
+        member,
+        request_id,
+        trace_id,
+        traceparent,
+        tracestate,
+    } = *request;
+    let parent = parent_context(traceparent, tracestate);
     let tracer = opentelemetry::global::tracer("aether-gateway");
     let rpc_method = method.rsplit('/').next().unwrap_or(method);
     let mut span = tracer
@@ -199,6 +215,7 @@ pub fn request_span(
     request_id: &str,
     trace_id: &str,
     traceparent: &str,
+    tracestate: &str,
 ) -> Span {
     if !sampled(trace_id, traceparent) {
         return Span::none();
@@ -218,24 +235,33 @@ pub fn request_span(
         aether.trace_id = %trace_id,
         aether.ledger.seq = tracing::field::Empty,
     );
-    follow(&span, traceparent);
+    follow_with_state(&span, traceparent, tracestate);
     span
 }
 
 /// Makes `span` a child of the caller's `traceparent` (W3C Trace Context) when traces
 /// are on and the caller sent one.
 pub fn follow(span: &Span, traceparent: &str) {
+    follow_with_state(span, traceparent, "");
+}
+
+/// [`follow`] with the caller's `tracestate`, which the span then carries on.
+pub fn follow_with_state(span: &Span, traceparent: &str, tracestate: &str) {
     if !span.is_disabled() && !traceparent.is_empty() {
-        let _ = span.set_parent(parent_context(traceparent));
+        let _ = span.set_parent(parent_context(traceparent, tracestate));
     }
 }
 
-/// The OpenTelemetry context a W3C `traceparent` names; an empty one makes a root.
-fn parent_context(traceparent: &str) -> opentelemetry::Context {
+/// The OpenTelemetry context a W3C `traceparent` (and its `tracestate`) names; an empty
+/// one makes a root.
+fn parent_context(traceparent: &str, tracestate: &str) -> opentelemetry::Context {
     if traceparent.is_empty() {
         return opentelemetry::Context::new();
     }
-    let carrier = HashMap::from([("traceparent".to_owned(), traceparent.to_owned())]);
+    let mut carrier = HashMap::from([("traceparent".to_owned(), traceparent.to_owned())]);
+    if !tracestate.is_empty() {
+        carrier.insert("tracestate".to_owned(), tracestate.to_owned());
+    }
     opentelemetry::global::get_text_map_propagator(|p| p.extract(&carrier))
 }
 
