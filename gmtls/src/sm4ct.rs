@@ -284,18 +284,18 @@ mod ni {
         unsafe { _mm_setr_epi8(3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12) }
     }
 
-    /// Four blocks as four registers, register j holding word j of each block.
+    /// The 4×4 matrix of 32-bit words transposed: register j of the result holds word j of
+    /// each input register. Four blocks become four registers of like words, and back.
     #[inline]
     #[target_feature(enable = "aes,ssse3")]
-    fn load(blocks: &[[u8; 16]]) -> [__m128i; 4] {
-        let b: [__m128i; 4] = std::array::from_fn(|i| _mm_shuffle_epi8(table(&blocks[i]), swap()));
+    fn transpose(r: [__m128i; 4]) -> [__m128i; 4] {
         let (t0, t1) = (
-            _mm_unpacklo_epi32(b[0], b[1]),
-            _mm_unpacklo_epi32(b[2], b[3]),
+            _mm_unpacklo_epi32(r[0], r[1]),
+            _mm_unpacklo_epi32(r[2], r[3]),
         );
         let (t2, t3) = (
-            _mm_unpackhi_epi32(b[0], b[1]),
-            _mm_unpackhi_epi32(b[2], b[3]),
+            _mm_unpackhi_epi32(r[0], r[1]),
+            _mm_unpackhi_epi32(r[2], r[3]),
         );
         [
             _mm_unpacklo_epi64(t0, t1),
@@ -305,25 +305,21 @@ mod ni {
         ]
     }
 
+    /// Four blocks as four registers, register j holding (big-endian) word j of each block.
+    #[inline]
+    #[target_feature(enable = "aes,ssse3")]
+    fn load(blocks: &[[u8; 16]]) -> [__m128i; 4] {
+        transpose(std::array::from_fn(|i| {
+            _mm_shuffle_epi8(table(&blocks[i]), swap())
+        }))
+    }
+
     /// The four blocks back from their registers after 32 rounds: output words X35, X34,
     /// X33, X32 are x[3], x[2], x[1], x[0].
     #[inline]
     #[target_feature(enable = "aes,ssse3")]
     fn store(x: &[__m128i; 4], blocks: &mut [[u8; 16]]) {
-        let (t0, t1) = (
-            _mm_unpacklo_epi32(x[3], x[2]),
-            _mm_unpacklo_epi32(x[1], x[0]),
-        );
-        let (t2, t3) = (
-            _mm_unpackhi_epi32(x[3], x[2]),
-            _mm_unpackhi_epi32(x[1], x[0]),
-        );
-        let out = [
-            _mm_unpacklo_epi64(t0, t1),
-            _mm_unpackhi_epi64(t0, t1),
-            _mm_unpacklo_epi64(t2, t3),
-            _mm_unpackhi_epi64(t2, t3),
-        ];
+        let out = transpose([x[3], x[2], x[1], x[0]]);
         for (block, word) in blocks.iter_mut().zip(out) {
             let bytes = _mm_shuffle_epi8(word, swap());
             // SAFETY: an unaligned store of 16 bytes into a 16-byte array.
