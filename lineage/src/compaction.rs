@@ -22,7 +22,7 @@
 //! vacuum that follows a merge, at most every ten minutes ([`table_properties`] sets the
 //! retentions).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use delta_kernel::expressions::Scalar;
@@ -36,7 +36,7 @@ use deltalake::{DeltaTable, DeltaTableError};
 use indexmap::IndexMap;
 use tokio::task::JoinHandle;
 
-use crate::delta::{CHECKPOINT_INTERVAL, DeltaError, PARTITION_COLUMN, writer_properties};
+use crate::table::{DeltaError, PARTITION_COLUMN, writer_properties};
 
 /// Files of one size class merged at once.
 pub const FAN_IN: usize = 8;
@@ -44,22 +44,6 @@ pub const FAN_IN: usize = 8;
 pub const BASE_BYTES: i64 = 64 * 1024;
 /// The most bytes one merge reads: files that would need more stay as they are.
 pub const MAX_MERGE_BYTES: i64 = 64 * 1024 * 1024;
-
-/// The table properties a relay's table is created with (and given on open when unset):
-/// checkpoints every [`CHECKPOINT_INTERVAL`] commits (a checkpoint holds the whole file
-/// list and the removed files still retained, so one every 10 commits was most of the
-/// log's bytes), merged-away files kept one hour for readers of older versions, and log
-/// entries one day.
-pub fn table_properties() -> [(&'static str, String); 3] {
-    [
-        ("delta.checkpointInterval", CHECKPOINT_INTERVAL.to_string()),
-        (
-            "delta.deletedFileRetentionDuration",
-            "interval 1 hours".to_owned(),
-        ),
-        ("delta.logRetentionDuration", "interval 1 days".to_owned()),
-    ]
-}
 
 /// The size class of a data file: 0 below `BASE_BYTES * FAN_IN`, then one more per factor
 /// of [`FAN_IN`].
@@ -296,25 +280,6 @@ async fn commit(
 async fn vacuum(table: &mut DeltaTable) -> Result<(), DeltaError> {
     let (vacuumed, _) = table.clone().vacuum().await?;
     *table = vacuumed;
-    Ok(())
-}
-
-/// Sets each of [`table_properties`] the table does not have yet (tables made by an
-/// earlier release): a property already set, by us or by an operator, is left alone.
-pub(crate) async fn set_missing_properties(table: &mut DeltaTable) -> Result<(), DeltaError> {
-    let configuration = table.snapshot()?.metadata().configuration().clone();
-    let missing: HashMap<String, String> = table_properties()
-        .into_iter()
-        .filter(|(key, _)| !configuration.contains_key(*key))
-        .map(|(key, value)| (key.to_owned(), value))
-        .collect();
-    if !missing.is_empty() {
-        *table = table
-            .clone()
-            .set_tbl_properties()
-            .with_properties(missing)
-            .await?;
-    }
     Ok(())
 }
 

@@ -26,8 +26,9 @@ use serde_json::value::RawValue;
 use crate::compaction::Compactor;
 use crate::delta::{
     DeltaError, META_FIRST_SEQ, META_LAST_HASH, META_LAST_SEQ, StorageOptions, open_table,
-    transaction_version, writer_properties,
+    transaction_version,
 };
+use crate::table::writer_properties;
 
 /// Application id of the decisions table's transactions.
 pub const DECISIONS_APP_ID: &str = "aether-clearing-decisions";

@@ -30,14 +30,13 @@ use deltalake::arrow::datatypes::{DataType as ArrowDataType, SchemaRef, TimeUnit
 use deltalake::arrow::error::ArrowError;
 use deltalake::kernel::transaction::CommitProperties;
 use deltalake::kernel::{DataType, PrimitiveType, Transaction};
-use deltalake::parquet::basic::Compression;
-use deltalake::parquet::file::properties::WriterProperties;
-use deltalake::parquet::schema::types::ColumnPath;
 use deltalake::writer::{DeltaWriter, RecordBatchWriter, WriteMode};
 use deltalake::{DeltaTable, DeltaTableBuilder, DeltaTableError};
 use indexmap::IndexMap;
 
 use crate::compaction::Compactor;
+use crate::table::writer_properties;
+pub use crate::table::{CHECKPOINT_INTERVAL, DeltaError, PARTITION_COLUMN};
 
 /// Application id of the sink's Delta application transactions.
 pub const APP_ID: &str = "aether-ledger";
@@ -47,12 +46,8 @@ pub const META_FIRST_SEQ: &str = "aether.first_seq";
 pub const META_LAST_SEQ: &str = "aether.last_seq";
 /// Commit metadata key: hash (lowercase hex) of the last event in the commit.
 pub const META_LAST_HASH: &str = "aether.last_hash";
-/// `delta.checkpointInterval` of a table the sink creates.
-pub const CHECKPOINT_INTERVAL: u64 = 100;
 /// Name of the table the sink creates.
 pub const TABLE_NAME: &str = "events";
-/// The partition column.
-pub const PARTITION_COLUMN: &str = "date";
 
 /// How many commits back from the head `open_or_create` looks for the last append's
 /// metadata (the commits a compaction and its vacuum make after it, with room to spare).
@@ -76,33 +71,6 @@ const COLUMNS: [(&str, PrimitiveType); 12] = [
     ("hash", PrimitiveType::String),
     ("date", PrimitiveType::String),
 ];
-
-/// What can go wrong opening or writing the `events` table.
-#[derive(Debug, thiserror::Error)]
-pub enum DeltaError {
-    #[error("invalid Delta table location {location:?}: {reason}")]
-    InvalidLocation { location: String, reason: String },
-    #[error("table at {location} is not the Aether table expected there: {reason}")]
-    NotAnEventsTable { location: String, reason: String },
-    #[error("events are not contiguous: expected seq {expected}, found seq {found}")]
-    Gap { expected: u64, found: u64 },
-    #[error("hash chain broken at seq {seq}: prev_hash {prev_hash} is not the hash {expected} of seq {}", seq - 1)]
-    ChainBroken {
-        seq: u64,
-        prev_hash: String,
-        expected: String,
-    },
-    #[error("{field} {value} of seq {seq} does not fit its Delta column")]
-    OutOfRange {
-        seq: u64,
-        field: &'static str,
-        value: u64,
-    },
-    #[error("Delta Lake: {0}")]
-    Delta(#[from] DeltaTableError),
-    #[error("Arrow: {0}")]
-    Arrow(#[from] ArrowError),
-}
 
 /// Settings for a table's object store, by `object_store` key (`aws_endpoint`, ...), on top
 /// of the environment's `AWS_*` variables; empty for a local table.
@@ -367,22 +335,6 @@ pub(crate) fn file_schema(writer: &RecordBatchWriter) -> Result<SchemaRef, Delta
     Ok(Arc::new(schema.project(&kept)?))
 }
 
-/// Parquet settings for a table's data files: Snappy, as delta-rs writes by default, and
-/// plain encoding for `unique_columns`. A dictionary only pays for repeated values; for
-/// hashes, ids and event text the writer would intern every value (hashing and copying
-/// it) until the dictionary page overflows, then fall back to plain encoding anyway.
-pub(crate) fn writer_properties(unique_columns: &[&str]) -> WriterProperties {
-    unique_columns
-        .iter()
-        .fold(
-            WriterProperties::builder()
-                .set_created_by(format!("aether-lineage {}", env!("CARGO_PKG_VERSION")))
-                .set_compression(Compression::SNAPPY),
-            |b, column| b.set_column_dictionary_enabled(ColumnPath::from(*column), false),
-        )
-        .build()
-}
-
 /// The `commitInfo` of `table`'s commit `version`: `None` when that version's log entry is
 /// gone or has no commit info. How a relay links a commit it made but did not record.
 pub(crate) async fn commit_info(
@@ -437,7 +389,7 @@ pub(crate) async fn open_table(
             .with_comment(comment)
             .with_partition_columns([PARTITION_COLUMN])
             .with_configuration(
-                crate::compaction::table_properties()
+                crate::table::table_properties()
                     .into_iter()
                     .map(|(key, value)| (key, Some(value))),
             );
@@ -447,7 +399,7 @@ pub(crate) async fn open_table(
         table = create.await?;
     }
     check_schema(&table, &location, columns)?;
-    crate::compaction::set_missing_properties(&mut table).await?;
+    crate::table::set_missing_properties(&mut table).await?;
     Ok((table, location))
 }
 

@@ -23,7 +23,8 @@ use crate::decisions::{CLEARING_DECIDED, DECISIONS_TABLE, DecisionsSink};
 use crate::delta::{
     DeltaSink, META_FIRST_SEQ, META_LAST_HASH, META_LAST_SEQ, StorageOptions, TABLE_NAME,
 };
-use crate::relay::{RelayError, retry_until_stopped};
+use crate::error::RelayError;
+use crate::retry::retry_until_stopped;
 
 /// Where the relay's progress is stored for `aether serve`'s drain at shutdown (the Delta
 /// table itself is the cursor the relay resumes from).

@@ -1,4 +1,5 @@
-//! Why an event could not be mapped.
+//! The crate's errors: why an event could not be mapped, why a relay failed, why the
+//! OpenLineage HTTP transport cannot start.
 
 /// Why a ledger event could not be turned into an OpenLineage run event.
 ///
@@ -34,4 +35,37 @@ pub enum LineageError {
         facet: &'static str,
         source: serde_json::Error,
     },
+}
+
+/// Why a relay's attempt failed (it is retried, see `retry`).
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error(transparent)]
+    Ledger(#[from] aether_ledger::LedgerError),
+    #[error("lineage records: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error(transparent)]
+    Mapping(#[from] LineageError),
+    #[error("cannot serialise a run event: {0}")]
+    Serialize(#[from] serde_json::Error),
+    #[error(transparent)]
+    Delta(#[from] crate::table::DeltaError),
+    #[error(transparent)]
+    Http(#[from] HttpTransportError),
+    #[error("cannot write the OpenLineage file {path}: {source}")]
+    File {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// A configuration or client problem; it stops `aether serve` from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpTransportError {
+    /// An environment variable has a value that cannot be used.
+    #[error("{var} {reason}")]
+    Config { var: &'static str, reason: String },
+    /// The HTTP client could not be built (TLS setup).
+    #[error("cannot build the OpenLineage HTTP client: {0}")]
+    Client(#[source] reqwest::Error),
 }

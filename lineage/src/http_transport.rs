@@ -41,7 +41,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use url::Url;
 
-use crate::relay::{RelayError, retry_until_stopped};
+pub use crate::error::HttpTransportError;
+use crate::error::RelayError;
+use crate::retry::retry_until_stopped;
 
 /// Name of the transport's cursor in the ledger's subscription positions: the last seq
 /// the endpoint acknowledged (or whose rejection was recorded).
@@ -72,17 +74,6 @@ const SAVE_EVERY_EVENTS: u64 = 64;
 const SAVE_EVERY: Duration = Duration::from_millis(250);
 /// How much of an error response is kept in logs and the rejections table.
 const RESPONSE_EXCERPT: usize = 1024;
-
-/// A configuration or client problem; it stops `aether serve` from starting.
-#[derive(Debug, thiserror::Error)]
-pub enum HttpTransportError {
-    /// An environment variable has a value that cannot be used.
-    #[error("{var} {reason}")]
-    Config { var: &'static str, reason: String },
-    /// The HTTP client could not be built (TLS setup).
-    #[error("cannot build the OpenLineage HTTP client: {0}")]
-    Client(#[source] reqwest::Error),
-}
 
 fn config_error(var: &'static str, reason: impl Into<String>) -> HttpTransportError {
     HttpTransportError::Config {

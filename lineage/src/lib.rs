@@ -71,8 +71,10 @@ pub mod job;
 pub mod ledger_facet;
 pub mod object_storage;
 pub mod relay;
+mod retry;
 pub mod run_event;
 pub mod schema;
+mod table;
 #[cfg(feature = "testing")]
 pub mod testing;
 

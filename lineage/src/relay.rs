@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use aether_ledger::pg_binary::{BinaryRows, copy_in};
-use aether_ledger::{EventStore, LedgerError, RecordedEvent};
+use aether_ledger::{EventStore, RecordedEvent};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::Row;
@@ -20,33 +20,14 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 use crate::decisions::{CLEARING_DECIDED, DECISIONS_TABLE};
-use crate::{LineageError, MappingContext, job_name};
+pub use crate::error::RelayError;
+use crate::retry::retry_until_stopped;
+use crate::{MappingContext, job_name};
 
 /// Name of the relay's cursor in the ledger's subscription positions.
 pub const OPENLINEAGE_CURSOR: &str = "lineage-openlineage";
 /// Events mapped per database transaction.
 const BATCH: usize = 500;
-
-#[derive(Debug, thiserror::Error)]
-pub enum RelayError {
-    #[error(transparent)]
-    Ledger(#[from] LedgerError),
-    #[error("lineage records: {0}")]
-    Database(#[from] sqlx::Error),
-    #[error(transparent)]
-    Mapping(#[from] LineageError),
-    #[error("cannot serialise a run event: {0}")]
-    Serialize(#[from] serde_json::Error),
-    #[error(transparent)]
-    Delta(#[from] crate::delta::DeltaError),
-    #[error(transparent)]
-    Http(#[from] crate::http_transport::HttpTransportError),
-    #[error("cannot write the OpenLineage file {path}: {source}")]
-    File {
-        path: String,
-        source: std::io::Error,
-    },
-}
 
 /// One event's lineage records.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -259,35 +240,6 @@ pub async fn run_openlineage_relay_with(
 
 /// How often the relay looks for the Delta commit of the events it holds.
 const DELTA_POLL: std::time::Duration = std::time::Duration::from_millis(50);
-
-/// Runs `attempt` until it returns `Ok` (it saw the stop request) or `stop` turns true,
-/// logging each failure and backing off from 200 ms to 30 s between attempts.
-pub(crate) async fn retry_until_stopped<F, Fut>(
-    sink: &'static str,
-    mut stop: watch::Receiver<bool>,
-    mut attempt: F,
-) -> Result<(), RelayError>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<(), RelayError>>,
-{
-    let mut backoff = std::time::Duration::from_millis(200);
-    loop {
-        match attempt().await {
-            Ok(()) => return Ok(()),
-            Err(e) => {
-                tracing::error!(sink, error = %e, retry_in_ms = backoff.as_millis() as u64, "lineage relay failed");
-                metrics::counter!("aether_lineage_relay_failures_total", "sink" => sink)
-                    .increment(1);
-            }
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
-            _ = stop.changed() => return Ok(()),
-        }
-        backoff = (backoff * 2).min(std::time::Duration::from_secs(30));
-    }
-}
 
 async fn follow(
     store: EventStore,

@@ -121,6 +121,12 @@ impl Server {
         for (k, v) in env {
             cmd.env(k, v);
         }
+        Self::spawn(cmd, log_path)
+    }
+
+    /// Spawns a prepared `aether serve` command (its stdout piped here, its stderr to
+    /// `log_path`) and waits until it prints both listening addresses.
+    pub fn spawn(mut cmd: Command, log_path: PathBuf) -> Server {
         let mut child = cmd.spawn().expect("spawn aether serve");
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = std::sync::mpsc::channel();

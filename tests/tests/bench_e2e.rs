@@ -51,7 +51,7 @@ fn ledger_bench_appends_what_it_offers_and_verifies_the_fill() {
         assert!(rate > 0, "{row}");
     }
     assert!(
-        report.contains("baseline raw batched INSERT"),
+        report.contains("baseline binary COPY of the same rows"),
         "PostgreSQL runs carry their baseline:\n{report}"
     );
     // The open loop appends exactly what it offers: rate × seconds.
@@ -193,6 +193,16 @@ fn clearing_bench_decides_every_request_on_the_postgres_ledger() {
         "same sizes"
     );
     assert!(report["ratio_to_echo"].as_f64().unwrap() > 0.0);
+    // The durable baseline: the same requests opened, appended by a group commit and
+    // answered sealed with the seq they were committed at, on the same database.
+    let durable = &report["durable"];
+    let durable_ok = durable["ok"].as_u64().unwrap();
+    assert!(durable_ok > 0, "{durable}");
+    assert_eq!(durable["errors"], serde_json::json!({}), "{durable}");
+    assert_eq!(durable["request_bytes"], gateway["request_bytes"]);
+    assert!(durable["max_receipt_seq"].as_u64().unwrap() >= durable_ok);
+    assert!(durable["postgres_cpu_secs"].as_f64().is_some(), "{durable}");
+    assert!(report["ratio_to_durable"].as_f64().unwrap() > 0.0);
     // Then the load over two nodes of one cluster: every request decided once, none lost
     // to the two writers' race for the chain.
     let two = &report["cluster"][0];
@@ -208,7 +218,7 @@ fn clearing_bench_decides_every_request_on_the_postgres_ledger() {
         .sum();
     assert_eq!(decided, result["ok"].as_u64().unwrap(), "{two}");
     assert!(two["ratio_to_one_node"].as_f64().unwrap() > 0.0);
-    assert_eq!(report["targets"].as_array().unwrap().len(), 4);
+    assert_eq!(report["targets"].as_array().unwrap().len(), 5);
     assert!(
         report["lineage"]["caught_up_ms"].as_u64().is_some(),
         "lineage reached the head after the load: {}",

@@ -1,5 +1,5 @@
 //! The node's place in its cluster: its id, its heartbeat, the checkpoint key every node
-//! must share, the leases its singleton duties run under, and `GET /v1/cluster`.
+//! must share, and the leases its singleton duties run under (`GET /v1/cluster` shows them).
 //!
 //! A cluster is the set of `aether serve` processes on one PostgreSQL ledger. SQLite is the
 //! single-node embedded default: one process holds its data directory (`serve.lock`).
@@ -12,18 +12,9 @@ use aether_ledger::checkpoint::key_fingerprint as fingerprint;
 use aether_ledger::cluster::{HeldLease, LeaseConfig, keep_lease};
 use aether_ledger::hashing::sm3;
 use anyhow::{Context, bail};
-use axum::extract::State;
-use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use clap::Args;
-use serde_json::json;
 use tokio::sync::watch;
-use utoipa_axum::router::OpenApiRouter;
-use utoipa_axum::routes;
-
-use crate::auth::Role;
-use crate::http::{AppState, Problem, authorize};
 
 /// The setting under which the cluster's checkpoint public key is recorded.
 const CHECKPOINT_KEY_SETTING: &str = "checkpoint_public_key";
@@ -356,36 +347,6 @@ pub async fn answer_snapshot_prepares(
     }
 }
 
-/// Where a control event at `seq` (a rollback) is in force: this node, and every other
-/// live node (heard from within `PRESUMED_DOWN_AFTER`) whose follower has applied it,
-/// waiting up to `patience` for them; the live nodes that have not are `lagging`.
-pub async fn in_force(
-    store: &EventStore,
-    this_node: &str,
-    seq: u64,
-    patience: Duration,
-) -> (Vec<String>, Vec<String>) {
-    let deadline = tokio::time::Instant::now() + patience;
-    loop {
-        let nodes = store.nodes().await.unwrap_or_default();
-        let (mut done, mut lagging) = (vec![this_node.to_owned()], Vec::new());
-        for node in nodes.iter().filter(|n| {
-            n.node_id != this_node
-                && n.silent_ms < aether_ledger::cluster::PRESUMED_DOWN_AFTER.as_millis() as u64
-        }) {
-            if node.control_seq >= seq {
-                done.push(node.node_id.clone());
-            } else {
-                lagging.push(node.node_id.clone());
-            }
-        }
-        if lagging.is_empty() || tokio::time::Instant::now() >= deadline {
-            return (done, lagging);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// Keeps a duty's lease for this node (see [`keep_lease`]).
 pub fn lease(
     store: &EventStore,
@@ -395,55 +356,4 @@ pub fn lease(
     stop: watch::Receiver<bool>,
 ) -> (HeldLease, tokio::task::JoinHandle<()>) {
     keep_lease(store.clone(), args.lease(name, node_id), stop)
-}
-
-/// The cluster routes, documented (see [`crate::openapi`]).
-pub fn routes() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(cluster))
-}
-
-/// `GET /v1/cluster` (operator, regulator): the nodes and who holds which duty.
-#[utoipa::path(get, path = "/v1/cluster", tag = "cluster",
-    description = "The nodes of this node's cluster (those on the same PostgreSQL ledger): id, addresses, version, last heartbeat, and the duties (leases) each holds, with their fencing tokens; and the fingerprint of the key that signs the checkpoints now, with the number of key rotations. On SQLite, the one node. Role: operator or regulator.",
-    responses((status = 200, description = "`{node_id, ledger, nodes: [{node_id, http_address, grpc_address, version, started_at, heartbeat_at, silent_ms, control_seq, duties}], leases: [{name, holder, token, acquired_at, expires_at, live}], checkpoint_key: {fingerprint (null before the first checkpoint), rotations}}`", body = serde_json::Value)))]
-async fn cluster(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, Problem> {
-    authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
-    let leases = state.store.leases().await?;
-    let nodes: Vec<serde_json::Value> = state
-        .store
-        .nodes()
-        .await?
-        .into_iter()
-        .map(|n| {
-            let duties: Vec<&str> = leases
-                .iter()
-                .filter(|l| l.live && l.holder == n.node_id)
-                .map(|l| l.name.as_str())
-                .collect();
-            let mut node = serde_json::to_value(&n).unwrap_or_default();
-            node["duties"] = json!(duties);
-            node
-        })
-        .collect();
-    let ledger = if state.store.postgres_pool().is_some() {
-        "postgres"
-    } else {
-        "sqlite"
-    };
-    // Which key signs the cluster's checkpoints now, and how many times it was rotated.
-    let in_force = aether_ledger::key_rotation::key_in_force(&state.store).await?;
-    let rotations = aether_ledger::key_rotation::key_rotations(&state.store)
-        .await?
-        .len();
-    Ok(axum::Json(json!({
-        "node_id": &*state.node_id,
-        "ledger": ledger,
-        "nodes": nodes,
-        "leases": leases,
-        "checkpoint_key": {
-            "fingerprint": in_force.as_deref().map(fingerprint),
-            "rotations": rotations,
-        },
-    }))
-    .into_response())
 }

@@ -23,9 +23,8 @@ use anyhow::{Context, bail};
 use clap::Args;
 use serde_json::{Value, json};
 
-use crate::bench_clearing::{
-    ServeChild, SplitMix, expect, http_request, post_json, setup_engine, trade_request, value_date,
-};
+use aether_bench::node::{ServeChild, expect, http_request, post_json, setup_engine};
+use aether_bench::trades::{SplitMix, trade_request, value_date};
 
 /// The candidate's registry ref.
 const CANDIDATE_REF: &str = "aether-anomaly-mlp-v2@reference";

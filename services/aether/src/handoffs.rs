@@ -12,6 +12,10 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use aether_control::handoff::{
+    DELIVERED, DELIVERY_FAILED, RETRAIN_FAILED, RETRAIN_FINISHED, RETRAIN_STARTED, RETRAIN_STREAM,
+    WEBHOOK_STREAM,
+};
 use aether_control::rollout_controller::{
     DRIFT_ESCALATED, RETRAIN_REQUESTED, REVIEW_OPENED, REVIEW_OVERDUE,
 };
@@ -22,15 +26,6 @@ use tokio::sync::watch;
 
 /// The stored subscription position of the hand-offs.
 pub const POSITION: &str = "handoffs";
-/// Where webhook deliveries are recorded.
-pub const WEBHOOK_STREAM: &str = "handoff/webhook";
-/// Where retraining runs are recorded.
-pub const RETRAIN_STREAM: &str = "handoff/retrain";
-pub const DELIVERED: &str = "HandoffDelivered";
-pub const DELIVERY_FAILED: &str = "HandoffFailed";
-pub const RETRAIN_STARTED: &str = "RetrainStarted";
-pub const RETRAIN_FINISHED: &str = "RetrainFinished";
-pub const RETRAIN_FAILED: &str = "RetrainFailed";
 /// The signature header: `hmac-sm3=<64 lowercase hex>` over the exact body bytes.
 pub const SIGNATURE_HEADER: &str = "x-aether-signature";
 

@@ -1,32 +1,15 @@
 //! `aether`: the command line and composition root of the Aether compliance ledger.
 
-mod audit_decisions;
 mod audit_export;
-mod audit_http;
-mod auth;
 mod background;
-mod bench;
-mod bench_clearing;
-mod bench_failover;
-mod bench_lineage;
-mod chaos;
 mod clearing;
 mod cluster;
-mod console;
-mod control_http;
-mod corpus_http;
 mod demo;
 mod handoffs;
-mod http;
 mod http_server;
-mod lineage_api;
 mod model;
-mod openapi;
-mod reserved;
 mod rollout_supervisor;
 mod serve;
-mod session;
-mod snapshot_http;
 mod telemetry;
 mod worker;
 
@@ -68,7 +51,7 @@ enum Command {
     Verify(VerifyArgs),
     /// Benchmarks.
     #[command(subcommand)]
-    Bench(bench::BenchCommand),
+    Bench(aether_bench::BenchCommand),
     /// Regulator tools: verify a bundle offline (no service, database or network), or
     /// export one from a running service.
     #[command(subcommand)]
@@ -110,7 +93,7 @@ enum ClusterCommand {
     /// SIGKILLed and restarted every few seconds; then checks that nothing acknowledged was
     /// lost or doubled, the ledger verifies, and the Delta table and OpenLineage records
     /// match it; reports how long each duty was unowned. Exit 1 when a check fails.
-    Chaos(chaos::ChaosArgs),
+    Chaos(aether_bench::chaos::ChaosArgs),
 }
 
 #[derive(Subcommand)]
@@ -266,8 +249,8 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Serve(args) => serve::run(*args).await.map(|_| ExitCode::SUCCESS),
             Command::Verify(args) => verify(args).await,
-            Command::Bench(cmd) => bench::run(cmd).await.map(|_| ExitCode::SUCCESS),
-            Command::Cluster(ClusterCommand::Chaos(args)) => chaos::run(args).await,
+            Command::Bench(cmd) => aether_bench::run(cmd).await.map(|_| ExitCode::SUCCESS),
+            Command::Cluster(ClusterCommand::Chaos(args)) => aether_bench::chaos::run(args).await,
             Command::Audit(AuditCommand::Verify {
                 bundle,
                 public_key,
@@ -364,7 +347,12 @@ pub fn init_logging() -> anyhow::Result<telemetry::Telemetry> {
     let spec = std::env::var("AETHER_LOG").ok();
     let (filter, invalid) = log_filter(spec.as_deref());
     // Every line written inside a request carries its trace and span ids (`JoinedUp`).
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    // Colours only for a person at a terminal: a log file or a collector gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
     let fmt = if std::env::var("AETHER_LOG_FORMAT").is_ok_and(|f| f == "json") {
         let format = tracing_subscriber::fmt::format().json();
         fmt.json()

@@ -13,8 +13,8 @@ use clap::Args;
 use metrics_exporter_prometheus::PrometheusBuilder;
 
 use crate::LedgerArgs;
-use crate::auth::{TokenSource, Tokens};
-use crate::http::{AppState, router};
+use aether_api::auth::{TokenSource, Tokens};
+use aether_api::{AppState, router};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -112,7 +112,17 @@ pub struct ServeArgs {
           default_value_t = aether_control::models::ArtifactPolicy::DEFAULT_MAX_BYTES)]
     pub max_model_bytes: u64,
     #[command(flatten)]
-    pub audit: crate::audit_decisions::AuditArgs,
+    pub audit: AuditArgs,
+}
+
+/// Settings of the audit API.
+#[derive(clap::Args, Debug, Clone)]
+pub struct AuditArgs {
+    /// Personal field paths revealed to regulators in audit answers: `*` (every value still
+    /// held), `none`, or a list such as `trade.buyer,trade.seller`. Erased fields are never
+    /// revealed (audit/REDACTION.md).
+    #[arg(long, env = "AETHER_AUDIT_REVEAL", default_value = "*")]
+    pub audit_reveal: aether_audit::redaction::RedactionPolicy,
 }
 
 /// Every file the service creates is readable by its own user only (0600, directories
@@ -567,7 +577,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let app = router(state)
         .layer(axum::Extension(Arc::new(args.audit.audit_reveal)))
-        .layer(axum::Extension(crate::audit_http::CheckpointCadence {
+        .layer(axum::Extension(aether_api::CheckpointCadence {
             every_events: args.checkpoint_every_events.max(1),
             every_secs: args.checkpoint_every_secs.max(1),
         }));

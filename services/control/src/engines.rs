@@ -18,7 +18,6 @@ use crate::models::{ModelError, ModelRegistry, check_artifact, region_of};
 use crate::origin::Origin;
 use crate::policies::PolicyRegistry;
 use crate::replay::{After, merged};
-use crate::rollouts::PROMOTED;
 use crate::routing::{EngineRoute, RoutingTable};
 use crate::snapshot::ROLLED_BACK;
 
@@ -27,6 +26,10 @@ pub const MODEL_VERIFIED: &str = "EngineModelVerified";
 pub const POLICIES_BOUND: &str = "EnginePoliciesBound";
 pub const BREAKER_REGISTERED: &str = "CircuitBreakerRegistered";
 pub const ACTIVATED: &str = "EngineActivated";
+/// A rollout's promotion (`RolloutPromoted`, on the rollout's stream): the candidate
+/// becomes the engine's model. Named here, where the engines' projection applies it;
+/// `rollouts` writes it.
+pub const PROMOTED: &str = "RolloutPromoted";
 pub const ACTIVATION_FAILED: &str = "EngineActivationFailed";
 
 /// The operator's request.

@@ -7,6 +7,7 @@
 pub mod analysis;
 pub mod corpora;
 pub mod engines;
+pub mod handoff;
 pub mod models;
 pub mod origin;
 pub mod policies;

@@ -26,6 +26,7 @@ use crate::analysis::{
     CommittedSnapshot, DriftResponse, Finish, ObservationError, ReferenceSample,
     RequestObservation, WeightReason, WindowAggregator, WindowSamples,
 };
+pub use crate::rollout_windows::{ObservationSender, RolloutObservation};
 use crate::rollouts::{Command, RolloutError, RolloutPhase, RolloutState};
 use crate::snapshot::SnapshotError;
 use crate::{ControlState, Origin};
@@ -830,22 +831,3 @@ fn apply_history(
     }
     Ok(())
 }
-
-/// What the gateway reports about the traffic of a rollout under analysis.
-#[derive(Clone, Debug)]
-pub enum RolloutObservation {
-    /// One request as one stage scored it (live, or shadow on a sample).
-    Request {
-        rollout_id: String,
-        observation: RequestObservation,
-    },
-    /// One batch a worker ran for one stage.
-    Batch {
-        rollout_id: String,
-        report: BatchReport,
-    },
-}
-
-/// The gateway's side of the channel to the rollout supervisor. Bounded: the gateway
-/// never waits on analysis; an observation that does not fit is counted as dropped.
-pub type ObservationSender = tokio::sync::mpsc::Sender<RolloutObservation>;

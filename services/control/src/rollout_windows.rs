@@ -17,8 +17,29 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::ControlState;
-use crate::analysis::{AnalysisSettings, ObservationError, WindowAggregator, WindowSamples};
-use crate::rollout_controller::RolloutObservation;
+use crate::analysis::{
+    AnalysisSettings, BatchReport, ObservationError, RequestObservation, WindowAggregator,
+    WindowSamples,
+};
+
+/// What the gateway reports about the traffic of a rollout under analysis.
+#[derive(Clone, Debug)]
+pub enum RolloutObservation {
+    /// One request as one stage scored it (live, or shadow on a sample).
+    Request {
+        rollout_id: String,
+        observation: RequestObservation,
+    },
+    /// One batch a worker ran for one stage.
+    Batch {
+        rollout_id: String,
+        report: BatchReport,
+    },
+}
+
+/// The gateway's side of the channel to the rollout supervisor. Bounded: the gateway
+/// never waits on analysis; an observation that does not fit is counted as dropped.
+pub type ObservationSender = tokio::sync::mpsc::Sender<RolloutObservation>;
 
 /// Event type of one node's window.
 pub const WINDOW_OBSERVED: &str = "RolloutWindowObserved";

@@ -26,7 +26,7 @@ pub const STARTED: &str = "RolloutStarted";
 pub const STEPPED: &str = "RolloutStepped";
 pub const PAUSED: &str = "RolloutPaused";
 pub const RESUMED: &str = "RolloutResumed";
-pub const PROMOTED: &str = "RolloutPromoted";
+pub use crate::engines::PROMOTED;
 pub const ABORTED: &str = "RolloutAborted";
 /// The rollout controller set the candidate's weight between (or below) the steps.
 pub const WEIGHT_SET: &str = "RolloutWeightSet";

@@ -742,7 +742,7 @@ async fn recorded_elsewhere(
     };
     let ids: Vec<String> = decided.iter().map(|(_, e, _)| request_id(e)).collect();
     let found = store
-        .find_by_metadata("request_id", &ids, crate::clearing::CLEARING_DECIDED)
+        .find_by_metadata("request_id", &ids, crate::decision::CLEARING_DECIDED)
         .await?;
     let on_ledger: std::collections::HashSet<(String, String)> = found
         .iter()

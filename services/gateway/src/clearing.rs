@@ -15,15 +15,17 @@ use aether_control::rollout_controller::ObservationSender;
 use aether_control::{ControlState, EngineStatus, Origin, RolloutPhase};
 use aether_gpu_worker::{ClearingModel, DeviceChoice, Trade, TradeContext};
 use aether_ledger::hashing::{canonical_json, sm3, to_hex};
-use aether_ledger::{EventStore, NewEvent, RecordedEvent};
+use aether_ledger::{EventStore, NewEvent};
 use aether_rules::Action;
 use chrono::{NaiveDate, Timelike, Utc};
-use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::sync::{OnceCell, oneshot};
 
 use crate::batcher::{Batcher, BatcherConfig, Job, ModelHandle, RecordError};
 use crate::budgets::Stage;
+pub use crate::decision::{
+    Answer, CLEARING_DECIDED, ClearError, Decision, Receipt, answer_of, clearing_stream,
+};
 use crate::lookups::RecordedLookups;
 use crate::observations::{
     Observed, ShadowJob, ShadowQueue, ShadowSettings, Verdict, feature_map, in_shadow_sample,
@@ -32,19 +34,12 @@ use crate::observations::{
 use crate::risk_book::{RiskBook, RiskSettings};
 use crate::workers::WorkerPool;
 
-/// Event type of a decision.
-pub const CLEARING_DECIDED: &str = "ClearingDecided";
 /// Request fields that are personal data: the parties' identifiers (a member's client
 /// account ids). They are recorded as erasable salted commitments in place (see
 /// `aether_ledger::personal`); everything else in the trade is public.
 pub const PERSONAL_FIELDS: [&str; 2] = ["trade.buyer", "trade.seller"];
 /// Answers remembered in memory for fast repeats (older ones come from the ledger).
 const RECENT_ANSWERS: usize = 100_000;
-
-/// The stream of one member's decisions.
-pub fn clearing_stream(member: &str) -> String {
-    format!("clearing/{member}")
-}
 
 /// The trade as the member sent it (proto fields, before validation).
 #[derive(Clone, Debug, Default)]
@@ -75,68 +70,6 @@ pub struct Submission {
     pub request_id: String,
     pub trade: TradeInput,
     pub colouring: Colouring,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Decision {
-    Cleared,
-    HeldForReview,
-    Rejected,
-}
-
-/// Where the decision is on the ledger.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Receipt {
-    pub seq: u64,
-    pub event_hash: String,
-    pub snapshot_id: String,
-    pub trace_id: String,
-}
-
-/// The decision as answered to the member.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Answer {
-    pub request_id: String,
-    pub decision: Decision,
-    pub score: f64,
-    pub confidence: f64,
-    pub rules_fired: Vec<String>,
-    pub cited_clauses: Vec<String>,
-    pub model_ref: String,
-    pub model_stage: String,
-    pub receipt: Receipt,
-    /// True when this is the answer to an earlier submission with the same request id.
-    pub replayed: bool,
-    /// [`trade_digest`] of the trade this answer decided (empty for decisions recorded
-    /// before digests were): a repeat of the request id must carry the same trade.
-    pub trade_digest: String,
-}
-
-/// Why a submission got no decision; nothing was recorded for it.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum ClearError {
-    #[error("invalid trade: {0}")]
-    InvalidTrade(String),
-    #[error("invalid traffic colouring: {0}")]
-    InvalidColouring(String),
-    #[error("no engine can clear this trade: {0}")]
-    NoEngine(String),
-    #[error("{0}")]
-    Overloaded(String),
-    #[error("the clearing worker failed: {0}")]
-    Worker(String),
-    #[error("the ledger refused the decision: {0}")]
-    Ledger(String),
-    #[error(
-        "request id {request_id:?} was already decided (ledger seq {seq}) for a different trade: that trade's digest is {original}, this one's {submitted}; nothing was recorded. Use a new request id for a new trade"
-    )]
-    RequestIdReused {
-        request_id: String,
-        seq: u64,
-        original: String,
-        submitted: String,
-    },
 }
 
 /// Gateway settings.
@@ -1113,45 +1046,6 @@ fn rules_request(s: &Submission, t: &Trade) -> serde_json::Map<String, Value> {
     .into_iter()
     .map(|(name, value)| (name.to_owned(), value))
     .collect()
-}
-
-/// The answer a recorded `ClearingDecided` event gave.
-pub fn answer_of(event: &RecordedEvent) -> Option<Answer> {
-    let p = event.payload_value().ok()?;
-    let decision = match p["decision"].as_str()? {
-        "cleared" => Decision::Cleared,
-        "held_for_review" => Decision::HeldForReview,
-        "rejected" => Decision::Rejected,
-        _ => return None,
-    };
-    let strings = |v: &Value| -> Vec<String> {
-        v.as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|s| s.as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    let meta = event.metadata_value().ok()?;
-    Some(Answer {
-        request_id: p["request_id"].as_str()?.to_owned(),
-        decision,
-        score: p["score"].as_f64()?,
-        confidence: p["confidence"].as_f64()?,
-        rules_fired: strings(&p["rules_fired"]),
-        cited_clauses: strings(&p["cited_clauses"]),
-        model_ref: p["model_ref"].as_str()?.to_owned(),
-        model_stage: p["model_stage"].as_str().unwrap_or_default().to_owned(),
-        receipt: Receipt {
-            seq: event.seq,
-            event_hash: hex::encode(event.hash),
-            snapshot_id: p["snapshot_id"].as_str().unwrap_or_default().to_owned(),
-            trace_id: meta["trace_id"].as_str().unwrap_or_default().to_owned(),
-        },
-        replayed: false,
-        trade_digest: p["trade_digest"].as_str().unwrap_or_default().to_owned(),
-    })
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ pub mod certs;
 pub mod clearing;
 pub mod client;
 pub mod coalesce;
+mod decision;
 pub mod envelope;
 pub mod errors;
 pub mod identity;

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use aether_ledger::{EventStore, MAX_LOOKUP_VALUES};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::clearing::{Answer, CLEARING_DECIDED, ClearError, answer_of, clearing_stream};
+use crate::decision::{Answer, CLEARING_DECIDED, ClearError, answer_of, clearing_stream};
 
 /// Lookups waiting for the next query; a caller beyond this waits to queue.
 const QUEUE: usize = 10_000;

@@ -17,6 +17,7 @@ use sm2::{PublicKey, SecretKey};
 use crate::error::LedgerError;
 use crate::event::{NewEvent, RecordedEvent};
 use crate::hashing::{self, Hash, format_timestamp};
+use crate::store::{Direction, EventStore};
 
 /// GM/T 0009-2012 default distinguishing identifier.
 pub const DEFAULT_USER_ID: &str = "1234567812345678";
@@ -294,6 +295,19 @@ impl SignedCheckpoint {
                 .map_err(|e| CheckpointError::Malformed(e.to_string())),
         )
     }
+}
+
+/// The newest checkpoint in the ledger, if there is one that parses.
+pub async fn latest_checkpoint(
+    store: &EventStore,
+) -> Result<Option<SignedCheckpoint>, LedgerError> {
+    let last = store
+        .read_stream(CHECKPOINT_STREAM, u64::MAX, Direction::Backward, 1)
+        .await?;
+    Ok(last
+        .first()
+        .and_then(SignedCheckpoint::from_event)
+        .and_then(Result::ok))
 }
 
 #[cfg(test)]

@@ -7,14 +7,15 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::checkpoint::{CHECKPOINT_STREAM, CheckpointSigner, SignedCheckpoint, key_fingerprint};
+pub use crate::checkpoint::latest_checkpoint;
+use crate::checkpoint::{CHECKPOINT_STREAM, CheckpointSigner, key_fingerprint};
 use crate::cluster::HeldLease;
 use crate::error::LedgerError;
 use crate::event::{ExpectedVersion, ledger_now};
 use crate::key_rotation::{KEY_ROTATION_STREAM, KeyRotation, key_in_force};
 use crate::merkle::Frontier;
 use crate::retrying::{RETRY_EVERY, Retrying};
-use crate::store::{Direction, EventStore};
+use crate::store::EventStore;
 
 /// When to sign a new tree head.
 #[derive(Clone, Debug)]
@@ -305,19 +306,6 @@ async fn sign(
     metrics::counter!("aether_ledger_checkpoints_total").increment(1);
     metrics::gauge!("aether_ledger_checkpoint_tree_size").set(frontier.size() as f64);
     Ok(frontier.size())
-}
-
-/// The newest checkpoint in the ledger, if there is one that parses.
-pub async fn latest_checkpoint(
-    store: &EventStore,
-) -> Result<Option<SignedCheckpoint>, LedgerError> {
-    let last = store
-        .read_stream(CHECKPOINT_STREAM, u64::MAX, Direction::Backward, 1)
-        .await?;
-    Ok(last
-        .first()
-        .and_then(SignedCheckpoint::from_event)
-        .and_then(Result::ok))
 }
 
 /// Tree size of the newest checkpoint in the ledger (0 if none).

@@ -26,8 +26,7 @@ use crate::store::EventStore;
 /// The metadata member that fences an event: `{"lease": name, "token": n}`.
 pub const FENCE_MEMBER: &str = "fence";
 
-/// The SQLSTATE the database raises for an event whose fence is stale.
-pub const FENCED_SQLSTATE: &str = "AE001";
+pub use crate::error::FENCED_SQLSTATE;
 
 /// A lease as the database holds it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -428,6 +427,36 @@ impl EventStore {
             .collect();
         nodes.sort();
         Ok(nodes)
+    }
+
+    /// Where a control event at `seq` (a rollback) is in force: `this_node`, and every
+    /// other live node (heard from within [`PRESUMED_DOWN_AFTER`]) whose follower has
+    /// applied it, waiting up to `patience` for them; the live nodes that have not are the
+    /// second list (lagging).
+    pub async fn in_force(
+        &self,
+        this_node: &str,
+        seq: u64,
+        patience: Duration,
+    ) -> (Vec<String>, Vec<String>) {
+        let deadline = tokio::time::Instant::now() + patience;
+        loop {
+            let nodes = self.nodes().await.unwrap_or_default();
+            let (mut done, mut lagging) = (vec![this_node.to_owned()], Vec::new());
+            for node in nodes.iter().filter(|n| {
+                n.node_id != this_node && n.silent_ms < PRESUMED_DOWN_AFTER.as_millis() as u64
+            }) {
+                if node.control_seq >= seq {
+                    done.push(node.node_id.clone());
+                } else {
+                    lagging.push(node.node_id.clone());
+                }
+            }
+            if lagging.is_empty() || tokio::time::Instant::now() >= deadline {
+                return (done, lagging);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Asks `nodes` to prepare snapshot `snapshot_id` before `ttl` passes (and forgets

@@ -2,7 +2,11 @@
 
 use uuid::Uuid;
 
-use crate::event::ExpectedVersion;
+use crate::expected_version::ExpectedVersion;
+
+/// The SQLSTATE the database raises for an event whose fence is stale (a lease holder
+/// that lost its lease; see `cluster`).
+pub const FENCED_SQLSTATE: &str = "AE001";
 
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {

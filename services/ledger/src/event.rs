@@ -7,6 +7,7 @@ use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use crate::error::LedgerError;
+pub use crate::expected_version::ExpectedVersion;
 use crate::hashing::{self, Hash};
 
 /// Longest stream id accepted, in bytes. Stream ids are keys in indexes and URLs.
@@ -22,43 +23,6 @@ const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
 /// Largest schema version: both databases store it as a 32-bit signed integer, and a value
 /// the database would change could never re-hash to what was answered.
 pub const MAX_SCHEMA_VERSION: u32 = i32::MAX as u32;
-
-/// What a stream is expected to be at when an append is checked (optimistic concurrency).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "kind", content = "version")]
-pub enum ExpectedVersion {
-    /// Append whatever the stream's version.
-    Any,
-    /// The stream must not exist yet (its version is 0).
-    NoStream,
-    /// The stream must already have at least one event.
-    StreamExists,
-    /// The stream's last event must have exactly this version.
-    Exact(u64),
-}
-
-impl ExpectedVersion {
-    /// Whether a stream currently at `actual` (0 = no stream) satisfies this expectation.
-    pub fn admits(self, actual: u64) -> bool {
-        match self {
-            ExpectedVersion::Any => true,
-            ExpectedVersion::NoStream => actual == 0,
-            ExpectedVersion::StreamExists => actual > 0,
-            ExpectedVersion::Exact(v) => actual == v,
-        }
-    }
-}
-
-impl std::fmt::Display for ExpectedVersion {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ExpectedVersion::Any => f.write_str("any"),
-            ExpectedVersion::NoStream => f.write_str("no stream"),
-            ExpectedVersion::StreamExists => f.write_str("stream exists"),
-            ExpectedVersion::Exact(v) => write!(f, "{v}"),
-        }
-    }
-}
 
 /// An event as a caller proposes it. The ledger assigns position, time and hashes.
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -145,7 +145,7 @@ pub async fn key_in_force(store: &EventStore) -> Result<Option<String>, LedgerEr
     if let Some(Ok(rotation)) = last.first().and_then(KeyRotation::from_event) {
         return Ok(Some(rotation.new_key));
     }
-    Ok(crate::checkpointer::latest_checkpoint(store)
+    Ok(crate::checkpoint::latest_checkpoint(store)
         .await?
         .map(|c| c.public_key))
 }

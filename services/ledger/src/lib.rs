@@ -11,6 +11,7 @@ pub mod checkpointer;
 pub mod cluster;
 pub mod error;
 pub mod event;
+mod expected_version;
 pub mod hashing;
 mod jcs;
 pub mod key_rotation;

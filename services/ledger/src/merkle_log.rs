@@ -13,7 +13,7 @@ use std::sync::{Arc, RwLock};
 use tokio::sync::watch;
 
 use crate::checkpoint::SignedCheckpoint;
-use crate::checkpointer::latest_checkpoint;
+use crate::checkpoint::latest_checkpoint;
 use crate::error::LedgerError;
 use crate::hashing::Hash;
 use crate::merkle::{MerkleProofs, MerkleTree, ProofError, StoredNodes};

@@ -8,7 +8,8 @@
 
 use sm3::{Digest, Sm3};
 
-use crate::hashing::Hash;
+/// An SM3 digest (the ledger's `hashing::Hash`, named here so this module stands alone).
+type Hash = [u8; 32];
 
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const IV: [u32; 8] = [

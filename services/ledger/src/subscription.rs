@@ -29,6 +29,26 @@ pub struct Subscription {
     at_end: bool,
 }
 
+/// Subscriptions are made by the store they read (defined here, beside what they make,
+/// so that the store does not depend on its readers).
+impl EventStore {
+    /// A catch-up subscription from `from_seq` (inclusive) that turns live at the head.
+    pub fn subscribe(&self, from_seq: u64) -> Subscription {
+        Subscription::new(self.clone(), from_seq.max(1), None)
+    }
+
+    /// A named subscription resuming after its stored position; the subscriber stores its
+    /// progress with [`Subscription::save_position`].
+    pub async fn subscribe_named(&self, name: &str) -> Result<Subscription, LedgerError> {
+        let position = self.load_position(name).await?.unwrap_or(0);
+        Ok(Subscription::new(
+            self.clone(),
+            position + 1,
+            Some(name.to_owned()),
+        ))
+    }
+}
+
 impl Subscription {
     pub(crate) fn new(store: EventStore, next_seq: u64, name: Option<String>) -> Self {
         let committed = store.committed_seq();

@@ -743,7 +743,7 @@ async fn write_alone(
                 // Another process moved the chain: append under the lock from now on.
                 contention.seen();
             }
-            Err(e) if has_code(&e, crate::cluster::FENCED_SQLSTATE) => {
+            Err(e) if has_code(&e, crate::error::FENCED_SQLSTATE) => {
                 cache.invalidate();
                 let message = match &e {
                     sqlx::Error::Database(d) => d.message().to_owned(),
@@ -839,7 +839,7 @@ fn is_refused_row(e: &sqlx::Error) -> bool {
     let Some(code) = d.code() else {
         return false;
     };
-    if code.starts_with("22") || code.starts_with("23") || code == crate::cluster::FENCED_SQLSTATE {
+    if code.starts_with("22") || code.starts_with("23") || code == crate::error::FENCED_SQLSTATE {
         return true;
     }
     code.parse::<i32>()

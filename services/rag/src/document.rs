@@ -9,31 +9,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::RagError;
 use crate::ids::validate_document_id;
+pub use crate::parse::DocumentFormat;
 use crate::parse::parse;
 
 /// Largest document accepted, in bytes (1 MiB).
 pub const MAX_DOCUMENT_BYTES: usize = 1 << 20;
-
-/// How a document's text is split into clauses (see the crate's README).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DocumentFormat {
-    /// Headings (`#` …) delimit sections; numbered paragraphs are clauses.
-    Markdown,
-    /// No headings; numbered paragraphs are clauses, the rest is one clause.
-    PlainText,
-}
-
-impl DocumentFormat {
-    /// The format for a file name's extension: `md` / `markdown`, or `txt`.
-    pub fn from_extension(extension: &str) -> Option<DocumentFormat> {
-        match extension {
-            "md" | "markdown" => Some(DocumentFormat::Markdown),
-            "txt" => Some(DocumentFormat::PlainText),
-            _ => None,
-        }
-    }
-}
 
 /// A document as given to an ingest: raw bytes, checked only when ingested.
 #[derive(Clone, Debug, PartialEq, Eq)]

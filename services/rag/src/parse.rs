@@ -17,9 +17,31 @@
 //! - Inside fenced code blocks (```` ``` ```` or `~~~`) nothing is a heading or a number.
 //! - Plain text has no headings and no fences; numbered paragraphs still count.
 
-use crate::document::DocumentFormat;
+use serde::{Deserialize, Serialize};
+
 use crate::error::RagError;
 use crate::ids::{name_problem, slug};
+
+/// How a document's text is split into clauses (see the crate's README).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DocumentFormat {
+    /// Headings (`#` …) delimit sections; numbered paragraphs are clauses.
+    Markdown,
+    /// No headings; numbered paragraphs are clauses, the rest is one clause.
+    PlainText,
+}
+
+impl DocumentFormat {
+    /// The format for a file name's extension: `md` / `markdown`, or `txt`.
+    pub fn from_extension(extension: &str) -> Option<DocumentFormat> {
+        match extension {
+            "md" | "markdown" => Some(DocumentFormat::Markdown),
+            "txt" => Some(DocumentFormat::PlainText),
+            _ => None,
+        }
+    }
+}
 
 /// A clause as found in one document, before it is placed in a corpus.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -10,8 +10,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::drift::ReferenceSample;
-use super::metrics::StageSamples;
+use super::metrics::{ReferenceSample, StageSamples};
 use super::settings::CompositeSettings;
 use super::unit_or_worst;
 

@@ -18,6 +18,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use super::metrics::ReferenceSample;
 use super::metrics::StageSamples;
 use super::settings::DriftSettings;
 use super::unit_or_worst;
@@ -147,23 +148,6 @@ fn sorted_finite(values: &[f64]) -> Vec<f64> {
     let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
     v.sort_by(f64::total_cmp);
     v
-}
-
-/// What the candidate is compared with besides the baseline: usually the baseline's
-/// samples from the first conclusive window of the rollout.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct ReferenceSample {
-    pub scores: Vec<f64>,
-    pub features: BTreeMap<String, Vec<f64>>,
-}
-
-impl ReferenceSample {
-    pub fn from_stage(samples: &StageSamples) -> Self {
-        ReferenceSample {
-            scores: samples.scores.clone(),
-            features: samples.features.clone(),
-        }
-    }
 }
 
 /// Drift tier and what it asks for.

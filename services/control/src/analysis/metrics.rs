@@ -641,6 +641,23 @@ fn id_sampler(n: usize, max: usize) -> impl Fn(&String) -> bool {
     }
 }
 
+/// What the candidate is compared with besides the baseline: usually the baseline's
+/// samples from the first conclusive window of the rollout.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReferenceSample {
+    pub scores: Vec<f64>,
+    pub features: BTreeMap<String, Vec<f64>>,
+}
+
+impl ReferenceSample {
+    pub fn from_stage(samples: &StageSamples) -> Self {
+        ReferenceSample {
+            scores: samples.scores.clone(),
+            features: samples.features.clone(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

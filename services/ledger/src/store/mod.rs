@@ -39,8 +39,10 @@ use crate::event::{
 };
 use crate::hashing::Hash;
 use crate::personal::{PersonalField, REDACTION_EVENT_TYPE, REDACTION_STREAM, placeholder};
-use crate::subscription::Subscription;
 use crate::tail::Tail;
+// The one import circle left in the crate, kept on purpose: the writer is the store's own
+// group-commit task (the store starts it and sends it the appends; it runs the store's
+// inserts on the store's pools), in a file of its own for length, not a component apart.
 use crate::writer::{self, WriterMsg};
 use plan::StreamAppend;
 
@@ -857,22 +859,6 @@ impl EventStore {
     /// The highest seq this process has seen committed; changes as the writer commits.
     pub fn committed_seq(&self) -> watch::Receiver<u64> {
         self.inner.committed.clone()
-    }
-
-    /// A catch-up subscription from `from_seq` (inclusive) that turns live at the head.
-    pub fn subscribe(&self, from_seq: u64) -> Subscription {
-        Subscription::new(self.clone(), from_seq.max(1), None)
-    }
-
-    /// A named subscription resuming after its stored position; the subscriber stores its
-    /// progress with [`Subscription::save_position`].
-    pub async fn subscribe_named(&self, name: &str) -> Result<Subscription, LedgerError> {
-        let position = self.load_position(name).await?.unwrap_or(0);
-        Ok(Subscription::new(
-            self.clone(),
-            position + 1,
-            Some(name.to_owned()),
-        ))
     }
 
     /// The personal values of `event` still held (not redacted), each checked against the

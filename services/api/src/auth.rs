@@ -5,8 +5,40 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, bail};
 use rand::RngExt;
+
+/// Why tokens cannot be read or made.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    #[error("unknown role {0:?}: expected operator, regulator or worker")]
+    UnknownRole(String),
+    #[error("token entry {0} is not role:token")]
+    NotRoleToken(usize),
+    #[error("token entry {entry} ({role:?}) is shorter than 16 characters")]
+    TooShort { entry: usize, role: Role },
+    #[error("no tokens configured")]
+    NoTokens,
+    /// A parse error, with where the tokens came from.
+    #[error("{from}: {error}")]
+    In {
+        from: String,
+        error: Box<TokenError>,
+    },
+    #[error("cannot read tokens file {path}: {error}")]
+    Read { path: String, error: std::io::Error },
+    #[error("cannot create tokens file {path}: {error}")]
+    Create { path: String, error: std::io::Error },
+}
+
+impl TokenError {
+    fn from_source(from: impl Into<String>) -> impl FnOnce(TokenError) -> TokenError {
+        let from = from.into();
+        move |error| TokenError::In {
+            from,
+            error: Box::new(error),
+        }
+    }
+}
 
 /// What a caller may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -31,13 +63,13 @@ impl Role {
 }
 
 impl std::str::FromStr for Role {
-    type Err = anyhow::Error;
-    fn from_str(s: &str) -> anyhow::Result<Role> {
+    type Err = TokenError;
+    fn from_str(s: &str) -> Result<Role, TokenError> {
         match s {
             "operator" => Ok(Role::Operator),
             "regulator" => Ok(Role::Regulator),
             "worker" => Ok(Role::Worker),
-            other => bail!("unknown role {other:?}: expected operator, regulator or worker"),
+            other => Err(TokenError::UnknownRole(other.to_owned())),
         }
     }
 }
@@ -75,7 +107,7 @@ fn digest(token: &str) -> [u8; 32] {
 
 impl Tokens {
     /// Parses `role:token` pairs separated by commas or newlines; `#` starts a comment line.
-    pub fn parse(spec: &str) -> anyhow::Result<Tokens> {
+    pub fn parse(spec: &str) -> Result<Tokens, TokenError> {
         let mut by_digest = HashMap::new();
         for (i, item) in spec
             .split([',', '\n'])
@@ -85,30 +117,27 @@ impl Tokens {
         {
             let (role, token) = item
                 .split_once(':')
-                .with_context(|| format!("token entry {} is not role:token", i + 1))?;
+                .ok_or(TokenError::NotRoleToken(i + 1))?;
             let role: Role = role.trim().parse()?;
             let token = token.trim();
             if token.len() < 16 {
-                bail!(
-                    "token entry {} ({role:?}) is shorter than 16 characters",
-                    i + 1
-                );
+                return Err(TokenError::TooShort { entry: i + 1, role });
             }
             by_digest.insert(digest(token), role);
         }
         if by_digest.is_empty() {
-            bail!("no tokens configured");
+            return Err(TokenError::NoTokens);
         }
         Ok(Tokens { by_digest })
     }
 
     /// Tokens from the environment, a named file, or `<data_dir>/tokens` (created if absent).
-    pub fn load(data_dir: &Path) -> anyhow::Result<(Tokens, TokenSource)> {
+    pub fn load(data_dir: &Path) -> Result<(Tokens, TokenSource), TokenError> {
         if let Ok(spec) = std::env::var("AETHER_TOKENS")
             && !spec.trim().is_empty()
         {
             return Ok((
-                Tokens::parse(&spec).context("AETHER_TOKENS")?,
+                Tokens::parse(&spec).map_err(TokenError::from_source("AETHER_TOKENS"))?,
                 TokenSource::Environment,
             ));
         }
@@ -117,9 +146,12 @@ impl Tokens {
             None => (data_dir.join("tokens"), false),
         };
         if path.exists() || named {
-            let spec = std::fs::read_to_string(&path)
-                .with_context(|| format!("cannot read tokens file {}", path.display()))?;
-            let tokens = Tokens::parse(&spec).with_context(|| path.display().to_string())?;
+            let spec = std::fs::read_to_string(&path).map_err(|error| TokenError::Read {
+                path: path.display().to_string(),
+                error,
+            })?;
+            let tokens = Tokens::parse(&spec)
+                .map_err(TokenError::from_source(path.display().to_string()))?;
             return Ok((tokens, TokenSource::File(path)));
         }
         let mut spec = String::from("# Aether API tokens: role:token. Keep this file private.\n");
@@ -146,7 +178,7 @@ fn random_token() -> String {
     hex::encode(bytes)
 }
 
-fn write_private(path: &Path, contents: &str) -> anyhow::Result<()> {
+fn write_private(path: &Path, contents: &str) -> Result<(), TokenError> {
     use std::io::Write;
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create_new(true);
@@ -155,12 +187,13 @@ fn write_private(path: &Path, contents: &str) -> anyhow::Result<()> {
         use std::os::unix::fs::OpenOptionsExt;
         options.mode(0o600);
     }
-    let mut f = options
-        .open(path)
-        .with_context(|| format!("cannot create tokens file {}", path.display()))?;
-    f.write_all(contents.as_bytes())?;
-    f.sync_all()?;
-    Ok(())
+    let create = |error| TokenError::Create {
+        path: path.display().to_string(),
+        error,
+    };
+    let mut f = options.open(path).map_err(create)?;
+    f.write_all(contents.as_bytes()).map_err(create)?;
+    f.sync_all().map_err(create)
 }
 
 #[cfg(test)]

@@ -5,9 +5,8 @@
 use std::collections::HashMap;
 
 use aether_ledger::checkpoint::{CHECKPOINT_STREAM, SignedCheckpoint};
-use aether_ledger::{Direction, EventFilter, ExpectedVersion, MerkleLog, NewEvent, RecordedEvent};
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use aether_ledger::{Direction, EventFilter, RecordedEvent};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
@@ -17,17 +16,18 @@ use utoipa_axum::routes;
 
 use aether_control::ControlState;
 
-use crate::auth::Role;
-use crate::http::{AppState, Problem, authorize, parse_u64};
+use crate::access::{Auditor, record_access};
+use crate::params::{Params, params, parse_u64, time_param};
+use crate::problem::Problem;
+use crate::proofs::{
+    MAX_REPAIRS, hex_list, inclusion_against_latest, latest_checkpoint, proof_note, proven,
+};
+use crate::state::AppState;
 
-/// Stream of access records.
-pub const ACCESS_STREAM: &str = "access/audit";
-/// The type of an access record.
-pub const ACCESS_EVENT_TYPE: &str = "AuditQueried";
 /// Largest page of events one audit query returns.
 const MAX_PAGE: u64 = 1000;
 
-/// The audit routes, documented (see [`crate::openapi`]).
+/// The audit routes, documented (see the `openapi` module).
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(events))
@@ -42,35 +42,6 @@ pub fn routes() -> OpenApiRouter<AppState> {
 
 /// Most events one export may hold (see BENCHMARKS.md for the time it takes).
 const MAX_EXPORT_EVENTS: u64 = 100_000;
-
-pub(crate) type Params = Result<Query<HashMap<String, String>>, QueryRejection>;
-
-pub(crate) fn params(query: Params, allowed: &[&str]) -> Result<HashMap<String, String>, Problem> {
-    let Query(params) = query.map_err(|e| Problem::bad_request(e.body_text()))?;
-    if let Some(unknown) = params.keys().find(|k| !allowed.contains(&k.as_str())) {
-        return Err(Problem::bad_request(format!(
-            "unknown query parameter {unknown:?}; expected one of {}",
-            allowed.join(", ")
-        )));
-    }
-    Ok(params)
-}
-
-pub(crate) fn time_param(
-    params: &HashMap<String, String>,
-    name: &str,
-) -> Result<Option<DateTime<Utc>>, Problem> {
-    params
-        .get(name)
-        .map(|v| {
-            DateTime::parse_from_rfc3339(v)
-                .map(|t| t.with_timezone(&Utc))
-                .map_err(|e| {
-                    Problem::bad_request(format!("{name} must be an RFC 3339 time, got {v:?}: {e}"))
-                })
-        })
-        .transpose()
-}
 
 /// The filter named by query parameters or export members (validated).
 fn event_filter(p: &HashMap<String, String>) -> Result<EventFilter, Problem> {
@@ -90,63 +61,6 @@ fn event_filter(p: &HashMap<String, String>) -> Result<EventFilter, Problem> {
         .validate()
         .map_err(|e| Problem::bad_request(e.to_string()))?;
     Ok(filter)
-}
-
-/// A regulator's query: the caller authenticated as a regulator and the request's trace id,
-/// which the access record names. Extracted before anything else is read.
-pub(crate) struct Auditor {
-    actor: String,
-    trace_id: String,
-}
-
-impl Auditor {
-    /// A caller whose access is recorded other than through this extractor (a console
-    /// session's sign-in, sign-out and page views).
-    pub(crate) fn new(actor: String, trace_id: String) -> Auditor {
-        Auditor { actor, trace_id }
-    }
-}
-
-impl axum::extract::FromRequestParts<AppState> for Auditor {
-    type Rejection = Problem;
-
-    async fn from_request_parts(
-        parts: &mut axum::http::request::Parts,
-        state: &AppState,
-    ) -> Result<Self, Problem> {
-        let caller = authorize(state, &parts.headers, &[Role::Regulator])?;
-        Ok(Auditor {
-            actor: caller.actor,
-            trace_id: crate::http::coloured(parts)?.trace_id.clone(),
-        })
-    }
-}
-
-/// Records the access in the ledger; the answer waits for that record to commit.
-pub(crate) async fn record_access(
-    state: &AppState,
-    auditor: &Auditor,
-    what: &str,
-    details: Value,
-) -> Result<(), Problem> {
-    let event = NewEvent::new(
-        ACCESS_EVENT_TYPE,
-        json!({ "query": what, "details": details }),
-    )
-    .with_metadata(json!({ "actor": auditor.actor, "trace_id": auditor.trace_id }));
-    state
-        .store
-        .append(ACCESS_STREAM, ExpectedVersion::Any, vec![event])
-        .await
-        .map(|_| ())
-        .map_err(|e| {
-            tracing::error!(error = %e, "cannot record an audit access");
-            Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "Access not recorded",
-                "the access record could not be written to the ledger, so the query was not run",
-            )
-        })
 }
 
 /// `GET /v1/audit/events`: filtered events, in seq order, with a cursor.
@@ -203,44 +117,6 @@ async fn events(
     Ok(axum::Json(json!({ "events": found, "next_cursor": next })).into_response())
 }
 
-/// The newest checkpoint in the ledger, if any.
-async fn latest_checkpoint(state: &AppState) -> Result<Option<(u64, SignedCheckpoint)>, Problem> {
-    let last = state
-        .store
-        .read_stream(CHECKPOINT_STREAM, u64::MAX, Direction::Backward, 1)
-        .await?;
-    Ok(last.first().and_then(|e| {
-        SignedCheckpoint::from_event(e)
-            .and_then(Result::ok)
-            .map(|c| (e.seq, c))
-    }))
-}
-
-fn hex_list(hashes: &[[u8; 32]]) -> Vec<String> {
-    hashes.iter().map(hex::encode).collect()
-}
-
-/// A proof the request cannot have (sizes, indexes) is the caller's 422; a log that cannot
-/// give one (its file unreadable or changed, a missing node) is the service's 500.
-fn proof_problem(e: aether_ledger::merkle::ProofError) -> Problem {
-    use aether_ledger::merkle::ProofError;
-    match e {
-        ProofError::LeafFile { .. } | ProofError::MissingNode { .. } => {
-            tracing::error!(error = %e, "the Merkle log cannot give a proof");
-            Problem::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "Proof unavailable",
-                e.to_string(),
-            )
-        }
-        _ => Problem::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "No such proof",
-            e.to_string(),
-        ),
-    }
-}
-
 /// The events an export holds, a page at a time: those `filter` selects, up to `limit`,
 /// none past the anchor checkpoint's `tree_size`.
 struct ExportPages {
@@ -290,31 +166,6 @@ impl ExportPages {
     }
 }
 
-/// Blocks of the Merkle log's file a single answer may repair: a proof touches at most
-/// two, a consistency proof's pair of roots a few more.
-const MAX_REPAIRS: usize = 4;
-
-/// Asks the Merkle log for a proof; a block of its file found changed or unreadable is
-/// rewritten from the ledger (`MerkleLog::repair`) and the proof asked again.
-async fn proven<T>(
-    state: &AppState,
-    ask: impl Fn(&MerkleLog) -> Result<T, aether_ledger::merkle::ProofError>,
-) -> Result<T, Problem> {
-    let mut repairs = 0;
-    loop {
-        match ask(&state.merkle) {
-            Ok(answer) => return Ok(answer),
-            Err(e) => {
-                if repairs < MAX_REPAIRS && state.merkle.repair(&state.store, &e).await? {
-                    repairs += 1;
-                    continue;
-                }
-                return Err(proof_problem(e));
-            }
-        }
-    }
-}
-
 /// `GET /v1/audit/events/{seq}`: one event with its inclusion proof against the latest
 /// signed checkpoint.
 #[utoipa::path(get, path = "/v1/audit/events/{seq}", tag = "audit",
@@ -328,7 +179,7 @@ async fn event(
     policy: crate::audit_decisions::Policy,
     Path(seq): Path<String>,
 ) -> Result<Response, Problem> {
-    let seq = crate::http::parse_seq(&seq)?;
+    let seq = crate::params::parse_seq(&seq)?;
     record_access(&state, &auditor, "event", json!({ "seq": seq })).await?;
     let event: RecordedEvent = state
         .store
@@ -363,37 +214,6 @@ async fn event(
         "inclusion_proof": proof,
     }))
     .into_response())
-}
-
-/// The inclusion proof of event `seq` against the latest signed checkpoint, or null while
-/// no checkpoint covers it: one shape for every audit answer that proves an event.
-pub(crate) async fn inclusion_against_latest(state: &AppState, seq: u64) -> Result<Value, Problem> {
-    let Some((checkpoint_seq, cp)) = latest_checkpoint(state).await? else {
-        return Ok(Value::Null);
-    };
-    if cp.tree_size < seq {
-        return Ok(Value::Null);
-    }
-    // The follower may be a moment behind the newest checkpoint.
-    if state.merkle.len() < cp.tree_size {
-        state.merkle.catch_up(&state.store).await?;
-    }
-    let hashes = proven(state, |log| log.inclusion_proof(seq, cp.tree_size)).await?;
-    Ok(json!({
-        "leaf_index": seq - 1,
-        "tree_size": cp.tree_size,
-        "hashes": hex_list(&hashes),
-        "checkpoint": cp,
-        "checkpoint_seq": checkpoint_seq,
-    }))
-}
-
-pub(crate) fn proof_note(proof: &Value) -> &'static str {
-    if proof.is_null() {
-        "not yet covered by a signed checkpoint; ask again after the next one"
-    } else {
-        "verify with RFC 9162 inclusion over SM3 against checkpoint.root_hash (see HASHING.md)"
-    }
 }
 
 /// A point in the ledger's history, as a regulator names it.

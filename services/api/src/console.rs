@@ -8,7 +8,8 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
-use crate::http::{AppState, Problem};
+use crate::problem::Problem;
+use crate::state::AppState;
 
 /// What the page may load and call: only this service. Styles may be inline (the
 /// framework sets element styles); scripts may not.

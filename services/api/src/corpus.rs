@@ -9,11 +9,13 @@ use serde_json::json;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::access::{Operator, authorize};
 use crate::auth::Role;
-use crate::control_http::json_body;
-use crate::http::{AppState, Operator, Problem, authorize};
+use crate::params::json_body;
+use crate::problem::Problem;
+use crate::state::AppState;
 
-/// The corpus routes, documented (see [`crate::openapi`]).
+/// The corpus routes, documented (see the `openapi` module).
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(ingest))

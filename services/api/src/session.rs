@@ -1,261 +1,27 @@
-//! Console sessions: a person exchanges an operator or regulator token once for a session
-//! cookie, so that the token never sits in a URL, in storage a script can read, or in the
-//! page. The cookie is `HttpOnly` and `SameSite=Strict`, lives [`SESSION_TTL`], and
-//! every API route accepts it where it accepts a bearer token ([`crate::http::authorize`]).
-//! A write made with the cookie must also carry the session's CSRF token in
-//! `X-CSRF-Token` ([`resolve_session`]): the cookie alone authorises reads only.
-//!
-//! Sessions are rows of `console_sessions` in the ledger's database (only the SM3 digest of
-//! each session id), so every node of a cluster accepts a session opened through any of
-//! them, a restart keeps them, and a sign-out through any node ends the session on all at
-//! once. Opening and closing a session, and every page a regulator views, are recorded on
-//! `access/audit` as their API calls are.
-
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+//! The console's sign-in, sign-out and page views (`/v1/session`), and the middleware
+//! that reads a request's session cookie and checks a cookie write's CSRF token.
 
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use chrono::{DateTime, Duration, SecondsFormat, Utc};
-use rand::RngExt;
+use chrono::{SecondsFormat, Utc};
 use serde::Deserialize;
 use serde_json::json;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::audit_http::{Auditor, record_access};
+use crate::access::{Auditor, coloured, record_access};
 use crate::auth::{Caller, Role};
-use crate::http::{AppState, Problem, coloured};
-use aether_ledger::EventStore;
+use crate::problem::Problem;
+use crate::sessions::{COOKIE, CSRF_HEADER, SESSION_TTL, Session, cookie, unavailable};
+use crate::state::AppState;
 
-/// The session cookie's name.
-pub const COOKIE: &str = "aether_session";
-/// The header a cookie-authenticated write must carry.
-pub const CSRF_HEADER: &str = "x-csrf-token";
-/// How long a session lasts: a working day.
-pub const SESSION_TTL: Duration = Duration::hours(8);
-/// Most sessions one node keeps in its cache (the database holds them all).
-const MAX_CACHED: usize = 10_000;
 /// Longest page path a view record takes.
 const MAX_VIEW_PATH: usize = 2048;
 
-/// One signed-in person.
-#[derive(Clone, Debug)]
-pub struct Session {
-    pub caller: Caller,
-    pub csrf: String,
-    pub expires: DateTime<Utc>,
-}
-
-/// The console's sessions: rows of `console_sessions` in the ledger's database, shared by
-/// every node, and this node's cache of those its requests presented. [`resolve_session`]
-/// reads a request's session from the database before anything else runs (so a sign-in or
-/// sign-out through any node counts at once), and leaves it in the cache, where
-/// [`crate::http::authorize`], which cannot wait, finds it.
-#[derive(Clone, Default)]
-pub struct Sessions(Arc<Mutex<HashMap<[u8; 32], Session>>>);
-
-impl std::fmt::Debug for Sessions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Sessions({} cached)", self.lock().len())
-    }
-}
-
-fn random_hex() -> String {
-    let bytes: [u8; 32] = rand::rng().random();
-    hex::encode(bytes)
-}
-
-fn digest(id: &str) -> [u8; 32] {
-    aether_ledger::hashing::sm3(id.as_bytes())
-}
-
-/// A session row: actor, role, CSRF token, expiry.
-type Row = (String, String, String, DateTime<Utc>);
-
-impl Sessions {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], Session>> {
-        // A panic elsewhere cannot leave the map half-changed: every change is one call.
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn cache(&self, key: [u8; 32], session: Option<Session>, now: DateTime<Utc>) {
-        let mut map = self.lock();
-        match session {
-            Some(session) => {
-                if map.len() >= MAX_CACHED {
-                    map.retain(|_, s| s.expires > now);
-                }
-                if map.len() < MAX_CACHED {
-                    map.insert(key, session);
-                }
-            }
-            None => {
-                map.remove(&key);
-            }
-        }
-    }
-
-    /// Opens a session for `caller` (recorded in the database first): the cookie value and
-    /// the session. Rows expired a day ago are removed on the way.
-    pub async fn open(
-        &self,
-        store: &EventStore,
-        caller: Caller,
-        now: DateTime<Utc>,
-    ) -> Result<(String, Session), sqlx::Error> {
-        let id = random_hex();
-        let key = digest(&id);
-        let session = Session {
-            caller,
-            csrf: random_hex(),
-            expires: now + SESSION_TTL,
-        };
-        let stale = now - Duration::days(1);
-        let role = session.caller.role.name();
-        let (actor, csrf) = (&session.caller.actor, &session.csrf);
-        if let Some(pool) = store.postgres_pool() {
-            sqlx::query("DELETE FROM console_sessions WHERE expires_at < $1")
-                .bind(stale)
-                .execute(pool)
-                .await?;
-            sqlx::query(
-                "INSERT INTO console_sessions (id_digest, actor, role, csrf, expires_at) \
-                 VALUES ($1, $2, $3, $4, $5)",
-            )
-            .bind(key.as_slice())
-            .bind(actor)
-            .bind(role)
-            .bind(csrf)
-            .bind(session.expires)
-            .execute(pool)
-            .await?;
-        } else if let Some(pool) = store.sqlite_pool() {
-            sqlx::query("DELETE FROM console_sessions WHERE expires_at < ?")
-                .bind(stale.timestamp_micros())
-                .execute(pool)
-                .await?;
-            sqlx::query(
-                "INSERT INTO console_sessions (id_digest, actor, role, csrf, expires_at) \
-                 VALUES (?, ?, ?, ?, ?)",
-            )
-            .bind(key.as_slice())
-            .bind(actor)
-            .bind(role)
-            .bind(csrf)
-            .bind(session.expires.timestamp_micros())
-            .execute(pool)
-            .await?;
-        }
-        self.cache(key, Some(session.clone()), now);
-        Ok((id, session))
-    }
-
-    /// The live session a cookie value names, as the database has it now (opened through
-    /// any node, not closed, not expired); this node's cache follows.
-    pub async fn resolve(
-        &self,
-        store: &EventStore,
-        id: &str,
-        now: DateTime<Utc>,
-    ) -> Result<Option<Session>, sqlx::Error> {
-        let key = digest(id);
-        let row: Option<Row> = if let Some(pool) = store.postgres_pool() {
-            sqlx::query_as(
-                "SELECT actor, role, csrf, expires_at FROM console_sessions \
-                 WHERE id_digest = $1 AND closed_at IS NULL AND expires_at > $2",
-            )
-            .bind(key.as_slice())
-            .bind(now)
-            .fetch_optional(pool)
-            .await?
-        } else if let Some(pool) = store.sqlite_pool() {
-            let row: Option<(String, String, String, i64)> = sqlx::query_as(
-                "SELECT actor, role, csrf, expires_at FROM console_sessions \
-                 WHERE id_digest = ? AND closed_at IS NULL AND expires_at > ?",
-            )
-            .bind(key.as_slice())
-            .bind(now.timestamp_micros())
-            .fetch_optional(pool)
-            .await?;
-            row.and_then(|(a, r, c, e)| Some((a, r, c, DateTime::from_timestamp_micros(e)?)))
-        } else {
-            None
-        };
-        let session = row.and_then(|(actor, role, csrf, expires)| {
-            Some(Session {
-                caller: Caller {
-                    role: role.parse().ok()?,
-                    actor,
-                },
-                csrf,
-                expires,
-            })
-        });
-        self.cache(key, session.clone(), now);
-        Ok(session)
-    }
-
-    /// The session this request's cookie named when [`resolve_session`] read it.
-    pub fn get(&self, id: &str, now: DateTime<Utc>) -> Option<Session> {
-        self.lock()
-            .get(&digest(id))
-            .filter(|s| s.expires > now)
-            .cloned()
-    }
-
-    /// Ends a session on every node: closed in the database, dropped from this node's cache.
-    pub async fn close(
-        &self,
-        store: &EventStore,
-        id: &str,
-        now: DateTime<Utc>,
-    ) -> Result<(), sqlx::Error> {
-        let key = digest(id);
-        self.cache(key, None, now);
-        if let Some(pool) = store.postgres_pool() {
-            sqlx::query("UPDATE console_sessions SET closed_at = $2 WHERE id_digest = $1")
-                .bind(key.as_slice())
-                .bind(now)
-                .execute(pool)
-                .await?;
-        } else if let Some(pool) = store.sqlite_pool() {
-            sqlx::query("UPDATE console_sessions SET closed_at = ? WHERE id_digest = ?")
-                .bind(now.timestamp_micros())
-                .bind(key.as_slice())
-                .execute(pool)
-                .await?;
-        }
-        Ok(())
-    }
-}
-
-fn unavailable(e: sqlx::Error) -> Problem {
-    tracing::error!(error = %e, "console sessions could not be read or written");
-    Problem::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "Sessions unavailable",
-        "the console's sessions could not be read or written; see the server log",
-    )
-    .retry_after(1)
-}
-
-/// The value of the session cookie among the request's cookies.
-pub fn cookie(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == COOKIE)
-        .map(|(_, value)| value.trim())
-}
-
 /// Reads the session the request's cookie names (when it has no bearer token) from the
-/// database, for [`crate::http::authorize`], and refuses a write made with the cookie unless
+/// database, for [`crate::access::authorize`], and refuses a write made with the cookie unless
 /// it carries the session's CSRF token: `SameSite=Strict` already keeps other sites'
 /// requests from carrying the cookie; this keeps any request the page did not make from
 /// writing.
@@ -301,7 +67,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// The session routes, documented (see [`crate::openapi`]).
+/// The session routes, documented (see the `openapi` module).
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(open, show, close))
@@ -364,7 +130,7 @@ async fn open(State(state): State<AppState>, request: axum::extract::Request) ->
                 "sign in with Authorization: Bearer <operator or regulator token>",
             ));
         }
-        let caller = crate::http::authorize(
+        let caller = crate::access::authorize(
             &state,
             &parts.headers,
             &[Role::Operator, Role::Regulator, Role::Worker],
@@ -412,7 +178,8 @@ async fn open(State(state): State<AppState>, request: axum::extract::Request) ->
     responses((status = 200, description = "The session", body = serde_json::Value)))]
 async fn show(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, Problem> {
     let body = if headers.contains_key(header::AUTHORIZATION) {
-        let caller = crate::http::authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
+        let caller =
+            crate::access::authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
         json!({ "role": caller.role, "actor": caller.actor })
     } else {
         described(&current(&state, &headers)?.1)
@@ -429,7 +196,7 @@ async fn close(State(state): State<AppState>, request: axum::extract::Request) -
     let result = async {
         if parts.headers.contains_key(header::AUTHORIZATION) {
             // A bearer caller has no session of its own to end.
-            crate::http::authorize(&state, &parts.headers, &[Role::Operator, Role::Regulator])?;
+            crate::access::authorize(&state, &parts.headers, &[Role::Operator, Role::Regulator])?;
             return Ok(StatusCode::NO_CONTENT.into_response());
         }
         let (id, session) = current(&state, &parts.headers)?;
@@ -479,11 +246,11 @@ async fn view(State(state): State<AppState>, request: axum::extract::Request) ->
     let (parts, body) = request.into_parts();
     let result = async {
         let caller =
-            crate::http::authorize(&state, &parts.headers, &[Role::Operator, Role::Regulator])?;
+            crate::access::authorize(&state, &parts.headers, &[Role::Operator, Role::Regulator])?;
         let body: Bytes = axum::body::to_bytes(body, MAX_VIEW_PATH * 2)
             .await
             .map_err(|_| Problem::bad_request("the body is larger than a page view"))?;
-        let page: PageView = crate::control_http::json_body(&body, "page view")?;
+        let page: PageView = crate::params::json_body(&body, "page view")?;
         if !(page.path == "/ui" || page.path.starts_with("/ui/") || page.path.starts_with("/ui?"))
             || page.path.len() > MAX_VIEW_PATH
         {
@@ -512,6 +279,8 @@ async fn view(State(state): State<AppState>, request: axum::extract::Request) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sessions::Sessions;
+    use aether_ledger::EventStore;
 
     fn caller() -> Caller {
         Caller {

@@ -5,7 +5,7 @@
 //! streams through its own API, which checks what it writes.
 
 use aether_control::{
-    corpora, engines, models, policies, projection, rollout_controller, rollouts, snapshot,
+    corpora, engines, handoff, models, policies, projection, rollout_controller, rollouts, snapshot,
 };
 
 /// Stream categories (a stream id equal to the name, or starting with the name and `/`) and
@@ -41,7 +41,7 @@ pub const RESERVED_EVENT_TYPES: &[&str] = &[
     aether_ledger::checkpoint::CHECKPOINT_EVENT_TYPE,
     aether_ledger::key_rotation::KEY_ROTATION_EVENT_TYPE,
     aether_ledger::personal::REDACTION_EVENT_TYPE,
-    crate::audit_http::ACCESS_EVENT_TYPE,
+    crate::access::ACCESS_EVENT_TYPE,
     aether_gateway::clearing::CLEARING_DECIDED,
     aether_gateway::batcher::NETTING_COMPUTED,
     aether_gateway::breaker::SCORING_DEGRADED,
@@ -87,11 +87,11 @@ pub const RESERVED_EVENT_TYPES: &[&str] = &[
     rollout_controller::REVIEW_OVERDUE,
     rollout_controller::FEATURE_HEALTH,
     rollouts::REVIEW_CLOSED,
-    crate::handoffs::DELIVERED,
-    crate::handoffs::DELIVERY_FAILED,
-    crate::handoffs::RETRAIN_STARTED,
-    crate::handoffs::RETRAIN_FINISHED,
-    crate::handoffs::RETRAIN_FAILED,
+    handoff::DELIVERED,
+    handoff::DELIVERY_FAILED,
+    handoff::RETRAIN_STARTED,
+    handoff::RETRAIN_FINISHED,
+    handoff::RETRAIN_FAILED,
     "WorkerRegistered",
     "WorkerDrained",
 ];

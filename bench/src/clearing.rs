@@ -1,6 +1,8 @@
 //! `aether bench clearing`: clearing throughput and latency through a real `aether serve`
 //! (mTLS, SM2/SM4 session keys, rules, batching, scoring, netting and decision events on
-//! the ledger), against a bare tonic mTLS echo server measured in the same run.
+//! the ledger), against two baselines measured in the same run: on PostgreSQL the durable
+//! baseline (`durable`: the envelope opened, the request appended by a group commit, the
+//! answer sealed after the commit, nothing else) and a bare tonic mTLS echo server.
 //!
 //! Three processes: this one (the driver: starts `aether serve`, sets up the engine over
 //! HTTP, hosts the echo server, prints the report), the server, and a load client
@@ -13,19 +15,20 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::bench::Scratch;
+use crate::node::{ServeChild, copy_dir, http_request, setup_engine};
+use crate::scratch::Scratch;
+use crate::trades::{MEMBERS, SplitMix, trade_request, value_date};
 use aether_gateway::client::ClearingClient;
 use aether_gateway::envelope::{Aad, Direction, Sm4Key, open, seal, unix_now, wrap_key};
 use aether_gateway::identity::Role;
 use aether_gateway::pb::v1::clearing_service_client::ClearingServiceClient;
-use aether_gateway::pb::v1::clearing_service_server::{ClearingService, ClearingServiceServer};
+use aether_gateway::pb::v1::clearing_service_server::ClearingService;
 use aether_gateway::pb::v1::{
-    ClearingAnswer, ClearingRequest, Decision, KeyExchangeRequest, KeyExchangeResponse,
-    SealedBatchRequest, SealedBatchResponse, SealedRequest, SealedResponse, Trade,
+    ClearingAnswer, Decision, KeyExchangeRequest, KeyExchangeResponse, SealedBatchRequest,
+    SealedBatchResponse, SealedRequest, SealedResponse,
 };
 use aether_gateway::service::{METHOD_SUBMIT, METHOD_SUBMIT_STREAM};
-use aether_gateway::tls::{ClientTls, ServerIdentities, ServerTls, TlsSuite};
-use aether_gpu_worker::reference::{self, REFERENCE_MODEL_REF};
+use aether_gateway::tls::{ClientTls, TlsSuite};
 use aether_ledger::redact_url;
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
@@ -33,20 +36,22 @@ use prost::Message;
 use serde::{Deserialize, Serialize};
 use sm2::pkcs8::DecodePublicKey;
 use sqlx::Connection;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 
-/// Members the development PKI issues certificates for; channels alternate between them.
-pub(crate) const MEMBERS: [&str; 2] = ["bank-a", "bank-b"];
 /// Prefix of the client's result lines on its stdout.
 const RESULT_PREFIX: &str = "aether-bench-result ";
-const AML_POLICY: &str = include_str!("../../rules/policies/aml_v2.yaml");
-const CORPUS_DOC: &str = include_str!("../../rag/corpus/threshold-reporting.md");
 /// The issue's targets on the 2-core machine.
 const TARGET_RPS: f64 = 10_000.0;
 const TARGET_P99_MS: f64 = 50.0;
 const TARGET_RATIO: f64 = 0.4;
+/// The gateway's share of the durable baseline's throughput (at the p99 target).
+const TARGET_DURABLE_RATIO: f64 = 0.5;
+
+/// `--tls-suite` as clap reads it.
+fn parse_tls_suite(s: &str) -> Result<TlsSuite, String> {
+    s.parse()
+}
 
 #[derive(Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -85,7 +90,7 @@ pub struct ClearingBench {
     nodes: u64,
     /// The TLS 1.3 suites of the gateway, the echo and the load: `standard`, `gm` (RFC
     /// 8998 with SM2 certificates) or `both` (the server offers both, the load the standard).
-    #[arg(long, default_value = "standard", value_parser = crate::clearing::parse_tls_suite)]
+    #[arg(long, default_value = "standard", value_parser = parse_tls_suite)]
     tls_suite: TlsSuite,
     /// Print one JSON object instead of the table.
     #[arg(long)]
@@ -114,6 +119,11 @@ struct ClientArgs {
     /// `https://…` of the echo server.
     #[arg(long)]
     echo: Option<String>,
+    /// `https://…` of the durable baseline.
+    #[arg(long)]
+    durable: Option<String>,
+    #[arg(long)]
+    durable_pid: Option<u32>,
     /// The gateways' processes (comma-separated): their CPU is reported, summed.
     #[arg(long, value_delimiter = ',')]
     gateway_pid: Vec<u32>,
@@ -132,7 +142,7 @@ struct ClientArgs {
     warmup_secs: u64,
     #[arg(long, value_enum, default_value_t = Api::Unary)]
     api: Api,
-    #[arg(long, default_value = "standard", value_parser = crate::clearing::parse_tls_suite)]
+    #[arg(long, default_value = "standard", value_parser = parse_tls_suite)]
     tls_suite: TlsSuite,
 }
 
@@ -260,6 +270,9 @@ struct Report {
     gateway: PhaseResult,
     echo: Option<PhaseResult>,
     ratio_to_echo: Option<f64>,
+    /// The durable baseline (PostgreSQL only).
+    durable: Option<PhaseResult>,
+    ratio_to_durable: Option<f64>,
     /// With `--nodes N`: the gateway phase with 2 … N nodes, after the single node's.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     cluster: Vec<NodesPhase>,
@@ -334,7 +347,7 @@ async fn driver(b: ClearingBench) -> anyhow::Result<()> {
     } else if let Some(db) = scratch {
         db.drop().await;
     }
-    let (gateway, echo, lineage, cluster_phases) = result?;
+    let (gateway, echo, durable, lineage, cluster_phases) = result?;
 
     let ratio = echo
         .as_ref()
@@ -352,6 +365,19 @@ async fn driver(b: ClearingBench) -> anyhow::Result<()> {
             met: gateway.ok > 0 && gateway.p99_ms <= TARGET_P99_MS,
         },
     ];
+    let ratio_to_durable = durable
+        .as_ref()
+        .filter(|d| d.requests_per_sec > 0.0)
+        .map(|d| gateway.requests_per_sec / d.requests_per_sec);
+    if let Some(r) = ratio_to_durable {
+        targets.push(Verdict {
+            target: format!(
+                "≥ {TARGET_DURABLE_RATIO} of the durable baseline's throughput at p99 ≤ {TARGET_P99_MS:.0} ms"
+            ),
+            measured: format!("{r:.3}"),
+            met: r >= TARGET_DURABLE_RATIO && gateway.ok > 0 && gateway.p99_ms <= TARGET_P99_MS,
+        });
+    }
     if let Some(r) = ratio {
         targets.push(Verdict {
             target: format!("≥ {TARGET_RATIO} of the echo's throughput"),
@@ -398,6 +424,8 @@ async fn driver(b: ClearingBench) -> anyhow::Result<()> {
         gateway,
         echo,
         ratio_to_echo: ratio,
+        durable,
+        ratio_to_durable,
         cluster,
         targets,
     };
@@ -421,6 +449,7 @@ fn say(json: bool, line: &str) {
 /// phase, and with `--nodes` each cluster phase (nodes, result).
 type Measured = (
     PhaseResult,
+    Option<PhaseResult>,
     Option<PhaseResult>,
     Option<LineageLag>,
     Vec<(u64, PhaseResult)>,
@@ -470,17 +499,38 @@ async fn measure(
             &format!("engine active; a probe trade was cleared (sealed answer {answer_len} bytes)"),
         );
         let (echo_url, echo_stop) = start_echo(data, answer_len, b.tls_suite).await?;
+        // The durable baseline appends to the same database, in a table of its own, with
+        // the group commit `aether serve` runs by default (--max-batch, --max-wait-us).
+        let durable = match database {
+            Some((url, _)) => Some(
+                crate::durable::start(
+                    data,
+                    url,
+                    b.tls_suite,
+                    crate::durable::GroupCommit {
+                        max_batch: 500,
+                        max_wait: Duration::from_micros(1000),
+                    },
+                )
+                .await?,
+            ),
+            None => None,
+        };
         let client = run_client(
             b,
             data,
             &server.grpc,
             Some(&echo_url),
+            durable.as_ref().map(|(url, _)| url.as_str()),
             &[server.pid],
             database,
         )
         .await;
         let _ = echo_stop.send(true);
-        let (gateway, echo) = client?;
+        if let Some((_, stop)) = &durable {
+            let _ = stop.send(true);
+        }
+        let (gateway, echo, durable) = client?;
         // A bench that ran is reported even if the gauges cannot be read.
         let lineage = lineage_catch_up(&server.http, &operator)
             .await
@@ -508,7 +558,8 @@ async fn measure(
             let pids: Vec<u32> = std::iter::once(server.pid)
                 .chain(extra.iter().map(|n| n.pid))
                 .collect();
-            let (result, _) = run_client(b, data, &grpc.join(","), None, &pids, database).await?;
+            let (result, _, _) =
+                run_client(b, data, &grpc.join(","), None, None, &pids, database).await?;
             say(
                 b.json,
                 &format!(
@@ -520,7 +571,7 @@ async fn measure(
             // The relays drain before the next phase, as after the single node's.
             let _ = lineage_catch_up(&server.http, &operator).await;
         }
-        anyhow::Ok((gateway, echo, lineage, phases))
+        anyhow::Ok((gateway, echo, durable, lineage, phases))
     }
     .await;
     for mut node in extra {
@@ -548,7 +599,7 @@ async fn start_node(
 ) -> anyhow::Result<ServeChild> {
     let own = tmp.join(format!("data-{n}"));
     for dir in ["certs", "keys"] {
-        crate::bench_failover::copy_dir(&data.join(dir), &own.join(dir))
+        copy_dir(&data.join(dir), &own.join(dir))
             .with_context(|| format!("cannot copy {dir} for node {n}"))?;
     }
     let delta = data.join("delta");
@@ -645,222 +696,6 @@ fn lag_gauges(metrics: &str) -> anyhow::Result<(u64, u64)> {
     ))
 }
 
-/// A running `aether serve` child process.
-pub(crate) struct ServeChild {
-    child: tokio::process::Child,
-    pid: u32,
-    pub(crate) http: String,
-    pub(crate) grpc: String,
-}
-
-impl ServeChild {
-    /// `tokens`: `AETHER_TOKENS` for the child, or None to let it create `<data>/tokens`;
-    /// `log_level`: its `AETHER_LOG` (a bench keeps it at `warn`, a demo's log tells the story).
-    pub(crate) async fn start(
-        data: &Path,
-        log_path: &Path,
-        database_url: Option<&str>,
-        tokens: Option<&str>,
-        batch_delay_us: u64,
-        log_level: &str,
-    ) -> anyhow::Result<ServeChild> {
-        Self::start_with_env(
-            data,
-            log_path,
-            database_url,
-            tokens,
-            batch_delay_us,
-            log_level,
-            &[],
-        )
-        .await
-    }
-
-    /// [`Self::start`] with more environment for the child (a node id, a lease ttl ...).
-    pub(crate) async fn start_with_env(
-        data: &Path,
-        log_path: &Path,
-        database_url: Option<&str>,
-        tokens: Option<&str>,
-        batch_delay_us: u64,
-        log_level: &str,
-        env: &[(&str, &str)],
-    ) -> anyhow::Result<ServeChild> {
-        let exe = std::env::current_exe().context("cannot find the aether binary")?;
-        let log = std::fs::File::create(log_path)
-            .with_context(|| format!("cannot create {}", log_path.display()))?;
-        let mut cmd = tokio::process::Command::new(exe);
-        cmd.arg("serve")
-            .arg("--data-dir")
-            .arg(data)
-            .args(["--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0"])
-            .arg("--batch-delay-us")
-            .arg(batch_delay_us.to_string())
-            .env_remove("AETHER_TOKENS_FILE")
-            .env("AETHER_LOG", log_level)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .kill_on_drop(true);
-        match database_url {
-            Some(url) => cmd.env("DATABASE_URL", url),
-            None => cmd.env_remove("DATABASE_URL"),
-        };
-        match tokens {
-            Some(tokens) => cmd.env("AETHER_TOKENS", tokens),
-            None => cmd.env_remove("AETHER_TOKENS"),
-        };
-        cmd.envs(env.iter().copied());
-        let mut child = cmd.spawn().context("cannot start aether serve")?;
-        let pid = child.id().unwrap_or(0);
-        let stdout = child.stdout.take().context("no stdout from aether serve")?;
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(stdout).lines();
-            let mut http = None;
-            let mut tx = Some(tx);
-            // Keeps reading to the end so the server never blocks on a full pipe.
-            while let Ok(Some(line)) = lines.next_line().await {
-                if let Some(url) = line.strip_prefix("aether listening on ") {
-                    http = Some(url.trim().to_owned());
-                }
-                if let (Some(url), Some(grpc)) = (&http, line.strip_prefix("aether clearing on "))
-                    && let Some(tx) = tx.take()
-                {
-                    let _ = tx.send((url.clone(), grpc.trim().to_owned()));
-                }
-            }
-        });
-        let started = tokio::time::timeout(Duration::from_secs(180), rx).await;
-        match started {
-            Ok(Ok((http, grpc))) => Ok(ServeChild {
-                child,
-                pid,
-                http,
-                grpc,
-            }),
-            _ => {
-                let _ = child.start_kill();
-                let _ = child.wait().await;
-                bail!("aether serve did not announce its HTTP and gRPC addresses within 180 s")
-            }
-        }
-    }
-
-    pub(crate) async fn stop(&mut self) {
-        let _ = self.child.start_kill();
-        let _ = self.child.wait().await;
-    }
-
-    /// SIGTERM (an orderly stop: the last checkpoint, the relays drained), then SIGKILL if
-    /// it has not exited within `limit`.
-    pub(crate) async fn terminate(&mut self, limit: Duration) {
-        if let Ok(pid) = i32::try_from(self.pid)
-            && pid > 0
-        {
-            // SAFETY: kill(2) with a pid this process spawned and has not yet reaped.
-            unsafe {
-                libc::kill(pid, libc::SIGTERM);
-            }
-        }
-        if tokio::time::timeout(limit, self.child.wait())
-            .await
-            .is_err()
-        {
-            self.stop().await;
-        }
-    }
-}
-
-/// Installs the reference model under `<data>/model` (the service's model directory),
-/// registers it, ingests aml_v2 and a corpus document, activates the engine and waits
-/// until it is active (as `tests/tests/clearing_e2e.rs` does).
-pub(crate) async fn setup_engine(
-    http: &str,
-    data: &Path,
-    operator: &str,
-    regulator: &str,
-) -> anyhow::Result<()> {
-    let installed =
-        reference::install(&data.join("model")).context("cannot install the reference model")?;
-    let uri = installed
-        .weights_path
-        .to_str()
-        .context("the temp path is not UTF-8")?
-        .to_owned();
-    let model = serde_json::json!({
-        "ref": REFERENCE_MODEL_REF,
-        "uri": uri,
-        "digest": installed.digest,
-        "feature_schema": {"schema": "aether.features.v1"},
-    });
-    expect(
-        post_json(http, "/v1/models", operator, &model).await?,
-        201,
-        "register the model",
-    )?;
-    expect(
-        http_request(
-            http,
-            "POST",
-            "/v1/policy/ingest",
-            operator,
-            Some(("application/yaml", AML_POLICY.as_bytes())),
-        )
-        .await?,
-        201,
-        "ingest aml_v2",
-    )?;
-    let corpus = serde_json::json!({
-        "name": "sg-clearing",
-        "documents": [{"id": "threshold-reporting", "text": CORPUS_DOC}],
-    });
-    expect(
-        post_json(http, "/v1/corpus/ingest", operator, &corpus).await?,
-        201,
-        "ingest the corpus",
-    )?;
-    let activate = serde_json::json!({
-        "model_ref": REFERENCE_MODEL_REF,
-        "traffic_weight": 1.0,
-        "policy_hooks": ["aml_v2"],
-    });
-    expect(
-        post_json(http, "/v1/engine/activate", operator, &activate).await?,
-        202,
-        "activate the engine",
-    )?;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let (status, body) = http_request(http, "GET", "/v1/engines", regulator, None).await?;
-        if status == 200 {
-            let doc: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-            match doc["engines"][0]["status"].as_str() {
-                Some("active") => return Ok(()),
-                Some("failed") => bail!("the engine activation failed: {doc}"),
-                _ => {}
-            }
-        }
-        if Instant::now() > deadline {
-            bail!("the engine did not become active within 120 s (last answer {status}: {body})");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-pub(crate) fn expect(answer: (u16, String), status: u16, what: &str) -> anyhow::Result<()> {
-    if answer.0 != status {
-        bail!(
-            "cannot {what}: HTTP {} (expected {status}): {}",
-            answer.0,
-            answer.1
-        );
-    }
-    Ok(())
-}
-
-/// One trade through the real client module: checks the setup and measures the size of
-/// a sealed answer, which the echo server then sends back for every request.
 async fn probe(grpc: &str, data: &Path, suite: TlsSuite) -> anyhow::Result<usize> {
     let member = MEMBERS[0];
     let mut client = ClearingClient::connect_with(
@@ -890,9 +725,10 @@ async fn run_client(
     data: &Path,
     gateway: &str,
     echo: Option<&str>,
+    durable: Option<&str>,
     gateway_pids: &[u32],
     database: Option<(&str, &str)>,
-) -> anyhow::Result<(PhaseResult, Option<PhaseResult>)> {
+) -> anyhow::Result<(PhaseResult, Option<PhaseResult>, Option<PhaseResult>)> {
     let exe = std::env::current_exe().context("cannot find the aether binary")?;
     let mut cmd = tokio::process::Command::new(exe);
     let pids: Vec<String> = gateway_pids.iter().map(u32::to_string).collect();
@@ -903,6 +739,10 @@ async fn run_client(
     if let Some(echo) = echo {
         cmd.args(["--echo", echo])
             .args(["--echo-pid", &std::process::id().to_string()]);
+    }
+    if let Some(durable) = durable {
+        cmd.args(["--durable", durable])
+            .args(["--durable-pid", &std::process::id().to_string()]);
     }
     cmd.args(["--concurrency", &b.concurrency.to_string()])
         .args(["--channels", &b.channels.to_string()])
@@ -937,8 +777,9 @@ async fn run_client(
         .find(|r| r.target == "gateway")
         .cloned()
         .context("the load client reported no gateway result")?;
-    let echo = results.into_iter().find(|r| r.target == "echo");
-    Ok((gateway, echo))
+    let echo = results.iter().find(|r| r.target == "echo").cloned();
+    let durable = results.into_iter().find(|r| r.target == "durable");
+    Ok((gateway, echo, durable))
 }
 
 /// The report's line on PostgreSQL's checkpoints and WAL in the gateway's interval.
@@ -1000,9 +841,19 @@ fn cpu_parts(p: &PhaseResult, database: bool) -> Option<(f64, String)> {
 /// What a request costs the machine in each phase, and the quotient of the two: with the
 /// cores equally busy in both phases, the ratio to the echo is the echo's CPU per request
 /// over the gateway's, whatever the latency; the figure that explains a ratio.
-fn cpu_line(gateway: &PhaseResult, echo: Option<&PhaseResult>) -> Option<String> {
+fn cpu_line(
+    gateway: &PhaseResult,
+    echo: Option<&PhaseResult>,
+    durable: Option<&PhaseResult>,
+) -> Option<String> {
     let (gateway_total, gateway_parts) = cpu_parts(gateway, true)?;
     let mut line = format!("CPU per request, µs: gateway {gateway_parts}");
+    if let Some((durable_total, durable_parts)) = durable.and_then(|d| cpu_parts(d, true)) {
+        line.push_str(&format!(
+            "; durable baseline {durable_parts}; durable / gateway {:.3}",
+            durable_total / gateway_total
+        ));
+    }
     if let Some((echo_total, echo_parts)) = echo.and_then(|e| cpu_parts(e, false)) {
         line.push_str(&format!(
             "; echo {echo_parts}; echo / gateway {:.3} (what the ratio comes to at equal machine busy)",
@@ -1027,7 +878,10 @@ fn print_table(r: &Report) {
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let secs = |v: Option<f64>| v.map_or("—".to_owned(), |v| format!("{v:.1}"));
-    for p in std::iter::once(&r.gateway).chain(r.echo.iter()) {
+    for p in std::iter::once(&r.gateway)
+        .chain(r.durable.iter())
+        .chain(r.echo.iter())
+    {
         println!(
             "| {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {}/{} | {} | {} | {} | {} |",
             p.target,
@@ -1099,10 +953,25 @@ fn print_table(r: &Report) {
     if let Some(w) = &g.postgres {
         println!("{}", postgres_line(w, g.ok));
     }
+    if let Some(d) = &r.durable {
+        if let Some(w) = &d.postgres {
+            println!("durable baseline: {}", postgres_line(w, d.ok));
+        }
+        if !d.errors.is_empty() {
+            println!(
+                "durable errors: {:?} (first: {})",
+                d.errors,
+                d.first_error.as_deref().unwrap_or("")
+            );
+        }
+    }
+    if let Some(ratio) = r.ratio_to_durable {
+        println!("ratio gateway / durable baseline: {ratio:.3}");
+    }
     if let Some(ratio) = r.ratio_to_echo {
         println!("ratio gateway / echo: {ratio:.3}");
     }
-    if let Some(line) = cpu_line(g, r.echo.as_ref()) {
+    if let Some(line) = cpu_line(g, r.echo.as_ref(), r.durable.as_ref()) {
         println!("{line}");
     }
     if !r.cluster.is_empty() {
@@ -1219,23 +1088,7 @@ async fn start_echo(
     answer_len: usize,
     suite: TlsSuite,
 ) -> anyhow::Result<(String, tokio::sync::watch::Sender<bool>)> {
-    let tls = ServerTls::load_suite(suite, &ServerIdentities::dev(data, suite))?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let incoming = tls.incoming(listener);
-    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        let result = tonic::transport::Server::builder()
-            .add_service(ClearingServiceServer::new(Echo { answer_len }))
-            .serve_with_incoming_shutdown(incoming, async move {
-                let _ = stop_rx.changed().await;
-            })
-            .await;
-        if let Err(e) = result {
-            eprintln!("the echo server stopped: {e}");
-        }
-    });
-    Ok((format!("https://{addr}"), stop_tx))
+    crate::tls_server::serve(Echo { answer_len }, data, suite, "the echo server").await
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1258,6 +1111,13 @@ async fn client_main(args: ClientArgs) -> anyhow::Result<()> {
             Target::Echo,
             echo.clone(),
             args.echo_pid.into_iter().collect(),
+        ));
+    }
+    if let Some(durable) = &args.durable {
+        targets.push((
+            Target::Durable,
+            durable.clone(),
+            args.durable_pid.into_iter().collect(),
         ));
     }
     targets.push((
@@ -1287,6 +1147,7 @@ async fn client_main(args: ClientArgs) -> anyhow::Result<()> {
 enum Target {
     Gateway,
     Echo,
+    Durable,
 }
 
 impl Target {
@@ -1294,6 +1155,7 @@ impl Target {
         match self {
             Target::Gateway => "gateway",
             Target::Echo => "echo",
+            Target::Durable => "durable",
         }
     }
 }
@@ -1395,7 +1257,7 @@ async fn phase(
     }
     // The server's database, for the gateway: its checkpoints and WAL in the interval.
     let mut postgres = match (target, std::env::var(POSTGRES_URL_ENV)) {
-        (Target::Gateway, Ok(url)) => Some(
+        (Target::Gateway | Target::Durable, Ok(url)) => Some(
             sqlx::PgConnection::connect(&url)
                 .await
                 .context("cannot connect to the server's database")?,
@@ -1616,11 +1478,11 @@ async fn load_task(c: TaskCtx) -> anyhow::Result<TaskStats> {
                         }
                     }
                     // A stream item the gateway refused on its own (`SealedResponse.error`).
-                    Target::Gateway if response.error.is_some() => {
+                    Target::Gateway | Target::Durable if response.error.is_some() => {
                         let e = response.error.unwrap_or_default();
                         Err((format!("ITEM_{}", e.code), e.message))
                     }
-                    Target::Gateway => open(
+                    Target::Gateway | Target::Durable => open(
                         key,
                         &aad.response(response.issued_at),
                         &response.nonce,
@@ -1695,63 +1557,6 @@ fn code_name(code: tonic::Code) -> String {
     }
     out
 }
-
-/// Settlement date T+2, as members send it.
-pub(crate) fn value_date() -> String {
-    (chrono::Utc::now() + chrono::Duration::days(2))
-        .format("%Y-%m-%d")
-        .to_string()
-}
-
-/// A small deterministic generator (SplitMix64) for the trades.
-pub(crate) struct SplitMix(pub(crate) u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    pub(crate) fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    pub(crate) fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
-/// A realistic small trade: the member buys from one of 200 counterparties, 100.00 to
-/// 50,000.00 (log-uniform) in one of four currencies, mostly Singapore; about one trade
-/// in a hundred is above the reporting threshold (the rules hold it).
-pub(crate) fn trade_request(rng: &mut SplitMix, member: &str, value_date: &str) -> ClearingRequest {
-    const CURRENCIES: [&str; 4] = ["SGD", "SGD", "USD", "EUR"];
-    const JURISDICTIONS: [&str; 5] = ["SG", "SG", "SG", "HK", "GB"];
-    let amount_minor = if rng.below(100) == 0 {
-        12_000_000 + rng.below(5_000_000) as i64
-    } else {
-        (10_000.0 * 500f64.powf(rng.unit())) as i64
-    };
-    ClearingRequest {
-        trade: Some(Trade {
-            buyer: member.to_owned(),
-            seller: format!("cp-{:03}", rng.below(200)),
-            instrument: format!("SG{:010}", rng.below(50)),
-            currency: CURRENCIES[rng.below(CURRENCIES.len() as u64) as usize].to_owned(),
-            amount_minor,
-            value_date: value_date.to_owned(),
-            jurisdiction: JURISDICTIONS[rng.below(JURISDICTIONS.len() as u64) as usize].to_owned(),
-            counterparty_tier: 1 + rng.below(3) as u32,
-        }),
-        ..ClearingRequest::default()
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// CPU accounting from /proc (Linux; absent elsewhere)
 
 /// `sysconf(_SC_CLK_TCK)` on Linux x86-64 and aarch64.
 const CLOCK_TICKS: f64 = 100.0;
@@ -1928,107 +1733,10 @@ fn loadavg() -> Option<String> {
     Some(s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
 }
 
-// ---------------------------------------------------------------------------------------
-// A minimal HTTP/1.1 client for the setup calls
-
-pub(crate) async fn post_json(
-    base: &str,
-    path: &str,
-    token: &str,
-    body: &serde_json::Value,
-) -> anyhow::Result<(u16, String)> {
-    let bytes = serde_json::to_vec(body)?;
-    http_request(
-        base,
-        "POST",
-        path,
-        token,
-        Some(("application/json", bytes.as_slice())),
-    )
-    .await
-}
-
-/// One HTTP/1.1 request on a fresh connection (`Connection: close`); returns the status
-/// and the body. Enough for a handful of setup calls to the local server.
-pub(crate) async fn http_request(
-    base: &str,
-    method: &str,
-    path: &str,
-    token: &str,
-    body: Option<(&str, &[u8])>,
-) -> anyhow::Result<(u16, String)> {
-    let host = base
-        .strip_prefix("http://")
-        .context("the server's HTTP address is not http://")?
-        .trim_end_matches('/');
-    let exchange = async {
-        let mut stream = tokio::net::TcpStream::connect(host).await?;
-        let mut head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n"
-        );
-        if let Some((content_type, bytes)) = body {
-            head.push_str(&format!(
-                "Content-Type: {content_type}\r\nContent-Length: {}\r\n",
-                bytes.len()
-            ));
-        }
-        head.push_str("\r\n");
-        stream.write_all(head.as_bytes()).await?;
-        if let Some((_, bytes)) = body {
-            stream.write_all(bytes).await?;
-        }
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await?;
-        anyhow::Ok(raw)
-    };
-    let raw = tokio::time::timeout(Duration::from_secs(60), exchange)
-        .await
-        .with_context(|| format!("{method} {path} timed out"))??;
-    parse_response(&raw).with_context(|| format!("{method} {path}: unreadable answer"))
-}
-
-fn parse_response(raw: &[u8]) -> anyhow::Result<(u16, String)> {
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .context("no end of headers")?;
-    let head = String::from_utf8_lossy(&raw[..split]);
-    let mut body = raw[split + 4..].to_vec();
-    let mut lines = head.lines();
-    let status: u16 = lines
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|s| s.parse().ok())
-        .context("no status line")?;
-    let chunked = lines.any(|l| {
-        l.split_once(':').is_some_and(|(k, v)| {
-            k.trim().eq_ignore_ascii_case("transfer-encoding") && v.trim() == "chunked"
-        })
-    });
-    if chunked {
-        body = dechunk(&body).context("bad chunked body")?;
-    }
-    Ok((status, String::from_utf8_lossy(&body).into_owned()))
-}
-
-fn dechunk(mut raw: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::new();
-    loop {
-        let end = raw.windows(2).position(|w| w == b"\r\n")?;
-        let size_text = std::str::from_utf8(&raw[..end]).ok()?;
-        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
-        raw = &raw[end + 2..];
-        if size == 0 {
-            return Some(out);
-        }
-        out.extend_from_slice(raw.get(..size)?);
-        raw = raw.get(size + 2..)?;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::node::parse_response;
 
     #[tokio::test]
     async fn the_postgres_window_counts_checkpoints_and_wal() {
@@ -2069,14 +1777,14 @@ mod tests {
         // The gateway's idle database during the echo's phase is not the echo's.
         let echo = phase(100_000, Some(1.3), Some(0.1), Some(1.2));
         assert_eq!(
-            cpu_line(&gateway, Some(&echo)).as_deref(),
+            cpu_line(&gateway, Some(&echo), None).as_deref(),
             Some(
                 "CPU per request, µs: gateway 285 (server 180, PostgreSQL 75, client 30); \
                  echo 25 (server 13, client 12); echo / gateway 0.088 (what the ratio comes to at equal machine busy)"
             )
         );
         assert_eq!(
-            cpu_line(&gateway, None).as_deref(),
+            cpu_line(&gateway, None, None).as_deref(),
             Some("CPU per request, µs: gateway 285 (server 180, PostgreSQL 75, client 30)")
         );
         // The server's lineage threads, when measured, as part of the server's figure.
@@ -2085,25 +1793,28 @@ mod tests {
             ..phase(10_000, Some(1.8), Some(0.75), Some(0.3))
         };
         assert_eq!(
-            cpu_line(&with_lineage, None).as_deref(),
+            cpu_line(&with_lineage, None, None).as_deref(),
             Some(
                 "CPU per request, µs: gateway 285 (server 180 of which lineage 40, PostgreSQL 75, client 30)"
             )
         );
         // Nothing answered, or a process not measured: no line rather than a wrong one.
         assert_eq!(
-            cpu_line(&phase(0, Some(1.0), Some(1.0), Some(1.0)), None),
+            cpu_line(&phase(0, Some(1.0), Some(1.0), Some(1.0)), None, None),
             None
         );
-        assert_eq!(cpu_line(&phase(10, None, Some(1.0), Some(1.0)), None), None);
+        assert_eq!(
+            cpu_line(&phase(10, None, Some(1.0), Some(1.0)), None, None),
+            None
+        );
         // A SQLite ledger: no PostgreSQL share to print.
         assert_eq!(
-            cpu_line(&phase(4, Some(0.002), None, Some(0.001)), None).as_deref(),
+            cpu_line(&phase(4, Some(0.002), None, Some(0.001)), None, None).as_deref(),
             Some("CPU per request, µs: gateway 750 (server 500, client 250)")
         );
         let echo_unmeasured = phase(100_000, None, None, Some(1.2));
         assert!(
-            !cpu_line(&gateway, Some(&echo_unmeasured))
+            !cpu_line(&gateway, Some(&echo_unmeasured), None)
                 .expect("the gateway's line")
                 .contains("echo")
         );

@@ -17,9 +17,12 @@ use utoipa_axum::routes;
 
 use crate::auth::Role;
 
-use crate::http::{AppState, Operator, Problem, authorize};
+use crate::access::{Operator, authorize};
+use crate::params::json_body;
+use crate::problem::Problem;
+use crate::state::AppState;
 
-/// The control plane's documented routes (see [`crate::openapi`]).
+/// The control plane's documented routes (see the `openapi` module).
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(ingest))
@@ -226,11 +229,11 @@ async fn rollout_analysis(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    query: crate::audit_http::Params,
+    query: crate::params::Params,
 ) -> Result<Response, Problem> {
     authorize(&state, &headers, &[Role::Operator, Role::Regulator])?;
-    let p = crate::audit_http::params(query, &["limit"])?;
-    let limit = crate::http::parse_u64(&p, "limit", 20)?;
+    let p = crate::params::params(query, &["limit"])?;
+    let limit = crate::params::parse_u64(&p, "limit", 20)?;
     if !(1..=100).contains(&limit) {
         return Err(Problem::bad_request(format!(
             "limit must be between 1 and 100, got {limit}"
@@ -466,19 +469,6 @@ fn no_rollout(id: &str) -> Problem {
         "Not found",
         format!("no rollout {id:?}"),
     )
-}
-
-pub(crate) fn json_body<T: serde::de::DeserializeOwned>(
-    body: &[u8],
-    what: &str,
-) -> Result<T, Problem> {
-    serde_json::from_slice(body).map_err(|e| {
-        Problem::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "Invalid request",
-            format!("the body is not a valid {what}: {e}"),
-        )
-    })
 }
 
 fn model_problem(e: ModelError) -> Problem {

@@ -11,8 +11,8 @@ use anyhow::{Context, bail};
 use clap::Args;
 use serde_json::Value;
 
-use crate::bench::Scratch;
-use crate::bench_clearing::{ServeChild, http_request};
+use crate::node::{ServeChild, copy_dir, http_request};
+use crate::scratch::Scratch;
 
 #[derive(Args)]
 pub struct FailoverBench {
@@ -215,16 +215,4 @@ async fn rounds(
         node.stop().await;
     }
     Ok((times, policies))
-}
-
-/// Copies a directory tree (a node's keys and certificates to another node).
-pub(crate) fn copy_dir(from: &Path, to: &Path) -> anyhow::Result<()> {
-    std::fs::create_dir_all(to)?;
-    for entry in std::fs::read_dir(from)? {
-        let entry = entry?;
-        if entry.file_type()?.is_file() {
-            std::fs::copy(entry.path(), to.join(entry.file_name()))?;
-        }
-    }
-    Ok(())
 }

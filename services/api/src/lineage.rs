@@ -23,9 +23,11 @@ use serde_json::{Value, json};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::audit_http::{Params, params, time_param};
+use crate::access::authorize;
 use crate::auth::Role;
-use crate::http::{AppState, Problem, authorize, parse_u64};
+use crate::params::{Params, params, parse_u64, time_param};
+use crate::problem::Problem;
+use crate::state::AppState;
 
 /// Marquez's default graph depth.
 const DEFAULT_DEPTH: u64 = 20;
@@ -47,7 +49,7 @@ impl Lineage {
     }
 }
 
-/// The lineage routes, documented (see [`crate::openapi`]).
+/// The lineage routes, documented (see the `openapi` module).
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(graph, ingest))

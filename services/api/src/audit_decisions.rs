@@ -15,34 +15,26 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use crate::audit_http::{Auditor, inclusion_against_latest, proof_note, record_access};
-use crate::http::{AppState, Problem};
+use crate::access::{Auditor, record_access};
+use crate::problem::Problem;
+use crate::proofs::{inclusion_against_latest, proof_note};
+use crate::state::AppState;
 
 /// Most decisions sharing one request id that are looked at (one per member).
 const MAX_MATCHES: u32 = 100;
 /// Redaction events read per page when looking for an event's erasures.
 const REDACTION_PAGE: u32 = 1000;
 
-/// Settings of the audit API.
-#[derive(clap::Args, Debug, Clone)]
-pub struct AuditArgs {
-    /// Personal field paths revealed to regulators in audit answers: `*` (every value still
-    /// held), `none`, or a list such as `trade.buyer,trade.seller`. Erased fields are never
-    /// revealed (audit/REDACTION.md).
-    #[arg(long, env = "AETHER_AUDIT_REVEAL", default_value = "*")]
-    pub audit_reveal: RedactionPolicy,
-}
-
 /// The policy in force: the one `serve` installed, else the default.
-pub(crate) type Policy = Option<Extension<Arc<RedactionPolicy>>>;
+pub type Policy = Option<Extension<Arc<RedactionPolicy>>>;
 
-pub(crate) fn policy_of(policy: Policy) -> Arc<RedactionPolicy> {
+pub fn policy_of(policy: Policy) -> Arc<RedactionPolicy> {
     policy.map(|Extension(p)| p).unwrap_or_default()
 }
 
 /// `event`'s payload as a regulator may see it: personal fields revealed, withheld or
 /// marked erased by `policy`.
-pub(crate) async fn presented(
+pub async fn presented(
     state: &AppState,
     event: &RecordedEvent,
     policy: &RedactionPolicy,

@@ -14,7 +14,8 @@ use aether_lineage::delta_relay::{DELTA_CURSOR, DeltaRelayConfig, run_delta_rela
 use aether_lineage::relay::{OPENLINEAGE_CURSOR, run_openlineage_relay};
 use clap::Args;
 
-use crate::bench::{Scratch, ms, payload, percentile};
+use crate::report::{ms, payload, percentile};
+use crate::scratch::Scratch;
 
 #[derive(Args)]
 pub struct LineageBench {

@@ -20,11 +20,9 @@ use anyhow::{Context, bail};
 use clap::Args;
 use serde_json::{Value, json};
 
-use crate::bench::Scratch;
-use crate::bench_clearing::{
-    MEMBERS, ServeChild, SplitMix, http_request, post_json, setup_engine, trade_request, value_date,
-};
-use crate::bench_failover::copy_dir;
+use crate::node::{ServeChild, copy_dir, http_request, post_json, setup_engine};
+use crate::scratch::Scratch;
+use crate::trades::{MEMBERS, SplitMix, trade_request, value_date};
 
 #[derive(Args)]
 pub struct ChaosArgs {
