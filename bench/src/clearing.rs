@@ -273,10 +273,39 @@ struct Report {
     /// The durable baseline (PostgreSQL only).
     durable: Option<PhaseResult>,
     ratio_to_durable: Option<f64>,
+    /// The server's resident memory around the gateway phase.
+    memory: Option<ServerMemory>,
     /// With `--nodes N`: the gateway phase with 2 … N nodes, after the single node's.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     cluster: Vec<NodesPhase>,
     targets: Vec<Verdict>,
+}
+
+/// The server's resident set (`VmRSS`), MiB: engine set up and idle, right after the
+/// gateway phase, and after lineage caught up and [`MEMORY_SETTLE`] more without load.
+#[derive(Serialize, Debug, Clone)]
+struct ServerMemory {
+    idle_mib: f64,
+    after_load_mib: f64,
+    settled_mib: f64,
+    settle_secs: u64,
+}
+
+/// How long the server is left without load before its memory is read again.
+const MEMORY_SETTLE: Duration = Duration::from_secs(10);
+
+/// A process's resident set in MiB (`VmRSS` of `/proc/<pid>/status`), if readable.
+fn resident_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
 }
 
 /// The load spread over `nodes` gateways of one cluster.
@@ -347,7 +376,7 @@ async fn driver(b: ClearingBench) -> anyhow::Result<()> {
     } else if let Some(db) = scratch {
         db.drop().await;
     }
-    let (gateway, echo, durable, lineage, cluster_phases) = result?;
+    let (gateway, echo, durable, memory, lineage, cluster_phases) = result?;
 
     let ratio = echo
         .as_ref()
@@ -426,6 +455,7 @@ async fn driver(b: ClearingBench) -> anyhow::Result<()> {
         ratio_to_echo: ratio,
         durable,
         ratio_to_durable,
+        memory,
         cluster,
         targets,
     };
@@ -451,6 +481,7 @@ type Measured = (
     PhaseResult,
     Option<PhaseResult>,
     Option<PhaseResult>,
+    Option<ServerMemory>,
     Option<LineageLag>,
     Vec<(u64, PhaseResult)>,
 );
@@ -498,6 +529,7 @@ async fn measure(
             b.json,
             &format!("engine active; a probe trade was cleared (sealed answer {answer_len} bytes)"),
         );
+        let idle_mib = resident_mib(server.pid);
         let (echo_url, echo_stop) = start_echo(data, answer_len, b.tls_suite).await?;
         // The durable baseline appends to the same database, in a table of its own, with
         // the group commit `aether serve` runs by default (--max-batch, --max-wait-us).
@@ -531,6 +563,7 @@ async fn measure(
             let _ = stop.send(true);
         }
         let (gateway, echo, durable) = client?;
+        let after_load_mib = resident_mib(server.pid);
         // A bench that ran is reported even if the gauges cannot be read.
         let lineage = lineage_catch_up(&server.http, &operator)
             .await
@@ -571,7 +604,19 @@ async fn measure(
             // The relays drain before the next phase, as after the single node's.
             let _ = lineage_catch_up(&server.http, &operator).await;
         }
-        anyhow::Ok((gateway, echo, durable, lineage, phases))
+        // What the server holds once lineage has caught up and the load has been gone a
+        // while: whether the load's memory came back.
+        tokio::time::sleep(MEMORY_SETTLE).await;
+        let memory = match (idle_mib, after_load_mib, resident_mib(server.pid)) {
+            (Some(idle_mib), Some(after_load_mib), Some(settled_mib)) => Some(ServerMemory {
+                idle_mib,
+                after_load_mib,
+                settled_mib,
+                settle_secs: MEMORY_SETTLE.as_secs(),
+            }),
+            _ => None,
+        };
+        anyhow::Ok((gateway, echo, durable, memory, lineage, phases))
     }
     .await;
     for mut node in extra {
@@ -964,6 +1009,12 @@ fn print_table(r: &Report) {
                 d.first_error.as_deref().unwrap_or("")
             );
         }
+    }
+    if let Some(m) = &r.memory {
+        println!(
+            "server memory (RSS): idle {:.0} MiB, after the gateway phase {:.0} MiB, {} s later {:.0} MiB",
+            m.idle_mib, m.after_load_mib, m.settle_secs, m.settled_mib
+        );
     }
     if let Some(ratio) = r.ratio_to_durable {
         println!("ratio gateway / durable baseline: {ratio:.3}");

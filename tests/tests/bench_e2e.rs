@@ -203,6 +203,11 @@ fn clearing_bench_decides_every_request_on_the_postgres_ledger() {
     assert!(durable["max_receipt_seq"].as_u64().unwrap() >= durable_ok);
     assert!(durable["postgres_cpu_secs"].as_f64().is_some(), "{durable}");
     assert!(report["ratio_to_durable"].as_f64().unwrap() > 0.0);
+    // The server's memory around the gateway phase, read from /proc.
+    let memory = &report["memory"];
+    for when in ["idle_mib", "after_load_mib", "settled_mib"] {
+        assert!(memory[when].as_f64().unwrap() > 1.0, "{memory}");
+    }
     // Then the load over two nodes of one cluster: every request decided once, none lost
     // to the two writers' race for the chain.
     let two = &report["cluster"][0];

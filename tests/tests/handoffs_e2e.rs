@@ -180,6 +180,13 @@ async fn a_review_ticket_reaches_the_webhook_signed_and_a_retrain_runs_the_comma
             ("AETHER_RETRAIN_COMMAND", command.as_str()),
         ],
     );
+    // The hand-offs start at the ledger's head once their node holds the lease: what
+    // they must deliver is recorded after that start (a ticket recorded before it is
+    // not delivered, as the one above shows).
+    wait_for("the hand-offs to start", async || {
+        store.load_position("handoffs").await.ok().flatten()
+    })
+    .await;
     let client = http();
     let post = |path: String, body: Value| {
         client
