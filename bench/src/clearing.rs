@@ -92,6 +92,11 @@ pub struct ClearingBench {
     /// 8998 with SM2 certificates) or `both` (the server offers both, the load the standard).
     #[arg(long, default_value = "standard", value_parser = parse_tls_suite)]
     tls_suite: TlsSuite,
+    /// Requests one session key of the durable baseline may open (default: unlimited).
+    /// The load client re-keys a channel whose key is used up, as a member's client does;
+    /// a small number here makes it do so often.
+    #[arg(long)]
+    durable_key_uses: Option<u64>,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -543,6 +548,7 @@ async fn measure(
                         max_batch: 500,
                         max_wait: Duration::from_micros(1000),
                     },
+                    b.durable_key_uses.unwrap_or(u64::MAX),
                 )
                 .await?,
             ),
@@ -1273,17 +1279,12 @@ async fn phase(
         let member = MEMBERS[i % MEMBERS.len()];
         let url = urls[i % urls.len().max(1)];
         let mut grpc = connect(url, &args.data_dir, member, args.tls_suite).await?;
-        let key = Sm4Key::generate()?;
-        let wrapped = wrap_key(&server_key, &key)?;
-        let key_id = grpc
-            .key_exchange(KeyExchangeRequest {
-                wrapped_key: wrapped.to_vec(),
-            })
-            .await
-            .context("KeyExchange failed")?
-            .into_inner()
-            .key_id;
-        channels.push((grpc, member, Arc::new((key, key_id))));
+        let session = Arc::new(ChannelSession {
+            current: std::sync::RwLock::new(exchange_key(&mut grpc, &server_key).await?),
+            rekeying: tokio::sync::Mutex::new(()),
+            server_key: server_key.clone(),
+        });
+        channels.push((grpc, member, session));
     }
     let measure_from = tokio::time::Instant::now() + Duration::from_secs(args.warmup_secs);
     let measure_to = measure_from + Duration::from_secs(args.duration_secs);
@@ -1414,11 +1415,64 @@ async fn phase(
     })
 }
 
+/// A channel's session key, shared by its tasks, and replaced when the server says it is
+/// used up (as a member's client does: a new `KeyExchange`), by one task for all.
+struct ChannelSession {
+    current: std::sync::RwLock<Arc<(Sm4Key, String)>>,
+    rekeying: tokio::sync::Mutex<()>,
+    server_key: Arc<sm2::PublicKey>,
+}
+
+impl ChannelSession {
+    fn current(&self) -> Arc<(Sm4Key, String)> {
+        self.current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// A new key for the channel unless another task already replaced `used_up`.
+    async fn rekey(
+        &self,
+        grpc: &mut ClearingServiceClient<Channel>,
+        used_up: &str,
+    ) -> anyhow::Result<()> {
+        let _one_at_a_time = self.rekeying.lock().await;
+        if self.current().1 != used_up {
+            return Ok(());
+        }
+        let fresh = exchange_key(grpc, &self.server_key).await?;
+        *self
+            .current
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = fresh;
+        Ok(())
+    }
+}
+
+/// A fresh SM4 key, sealed to the server's envelope key and registered by `KeyExchange`.
+async fn exchange_key(
+    grpc: &mut ClearingServiceClient<Channel>,
+    server_key: &sm2::PublicKey,
+) -> anyhow::Result<Arc<(Sm4Key, String)>> {
+    let key = Sm4Key::generate()?;
+    let wrapped = wrap_key(server_key, &key)?;
+    let key_id = grpc
+        .key_exchange(KeyExchangeRequest {
+            wrapped_key: wrapped.to_vec(),
+        })
+        .await
+        .context("KeyExchange failed")?
+        .into_inner()
+        .key_id;
+    Ok(Arc::new((key, key_id)))
+}
+
 struct TaskCtx {
     grpc: ClearingServiceClient<Channel>,
     member: &'static str,
     /// The channel's session key and its id.
-    session: Arc<(Sm4Key, String)>,
+    session: Arc<ChannelSession>,
     target: Target,
     prefix: String,
     seed: u64,
@@ -1483,7 +1537,6 @@ impl Caller {
 /// the end.
 async fn load_task(c: TaskCtx) -> anyhow::Result<TaskStats> {
     let mut stats = TaskStats::for_secs(c.secs);
-    let (key, key_id) = (&c.session.0, &c.session.1);
     let mut caller = Caller {
         grpc: c.grpc.clone(),
         api: c.api,
@@ -1493,6 +1546,8 @@ async fn load_task(c: TaskCtx) -> anyhow::Result<TaskStats> {
     let mut n = 0u64;
     while tokio::time::Instant::now() < c.measure_to {
         n += 1;
+        let session = c.session.current();
+        let (key, key_id) = (&session.0, &session.1);
         let request_id = format!("{}-{n}", c.prefix);
         let body = trade_request(&mut rng, c.member, &c.date).encode_to_vec();
         let begun = tokio::time::Instant::now();
@@ -1576,6 +1631,11 @@ async fn load_task(c: TaskCtx) -> anyhow::Result<TaskStats> {
                         stats.max_receipt_seq = stats.max_receipt_seq.max(r.seq);
                     }
                 }
+            }
+            // The channel's key reached the uses the server allows it: a new one for the
+            // channel, and the request is sent again as a new one (not a failure).
+            Err((_, message)) if message.contains("send a new KeyExchange") => {
+                c.session.rekey(&mut caller.grpc, key_id).await?;
             }
             Err((code, message)) => {
                 if measured {
