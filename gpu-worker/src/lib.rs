@@ -155,19 +155,22 @@ impl ClearingModel {
         plan: &ExplainPlan,
     ) -> Result<BatchResult, ClearingError> {
         let started = Instant::now();
-        let scores = self.model.score_batch(batch)?;
+        let scores = stage_span("worker.scoring").in_scope(|| self.model.score_batch(batch))?;
         let scored = Instant::now();
-        let netting = net(batch.iter().map(|(t, _)| t))?;
+        let netting =
+            stage_span("worker.netting").in_scope(|| net(batch.iter().map(|(t, _)| t)))?;
         let netted = Instant::now();
-        let explanations = batch
-            .iter()
-            .zip(&scores)
-            .enumerate()
-            .map(|(i, ((trade, ctx), score))| {
-                plan.wants(i, score.score)
-                    .then(|| self.explain(&trade.request_id, &features(trade, ctx)))
-            })
-            .collect();
+        let explanations = stage_span("worker.explain").in_scope(|| {
+            batch
+                .iter()
+                .zip(&scores)
+                .enumerate()
+                .map(|(i, ((trade, ctx), score))| {
+                    plan.wants(i, score.score)
+                        .then(|| self.explain(&trade.request_id, &features(trade, ctx)))
+                })
+                .collect()
+        });
         Ok(BatchResult {
             scores,
             netting,
@@ -179,6 +182,17 @@ impl ClearingModel {
             netting_elapsed: netted - scored,
             explanations,
         })
+    }
+}
+
+/// A stage of a traced batch, as a child of the batch's span (the worker's, or the
+/// gateway's when it scores in process); no span when the batch is not traced, so an
+/// untraced batch costs a check of the current span and nothing more.
+fn stage_span(name: &'static str) -> tracing::Span {
+    if tracing::Span::current().is_disabled() {
+        tracing::Span::none()
+    } else {
+        tracing::debug_span!("worker.stage", otel.name = name)
     }
 }
 

@@ -82,9 +82,27 @@ pub async fn run_delta_relay(
     stop: watch::Receiver<bool>,
 ) -> Result<(), RelayError> {
     retry_until_stopped("delta", stop.clone(), || {
-        follow(store.clone(), config.clone(), stop.clone())
+        let store = store.clone();
+        let attempt = follow(store.clone(), config.clone(), stop.clone());
+        async move {
+            let result = attempt.await;
+            if result.is_err() {
+                report_lag(&store).await;
+            }
+            result
+        }
     })
     .await
+}
+
+/// The lag as it stands after a failed attempt: a relay that cannot write (its volume
+/// full, its store away) must show its lag growing, not the figure of its last success.
+async fn report_lag(store: &EventStore) {
+    let head = *store.committed_seq().borrow();
+    if let Ok(at) = store.load_position(DELTA_CURSOR).await {
+        metrics::gauge!("aether_lineage_delta_lag_events")
+            .set(head.saturating_sub(at.unwrap_or(0)) as f64);
+    }
 }
 
 async fn follow(

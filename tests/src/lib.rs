@@ -2,6 +2,7 @@
 //! directories and databases, and talking to them over HTTP.
 
 pub mod clearing;
+pub mod draw;
 pub mod postgres_pair;
 
 use std::io::{BufRead, BufReader};

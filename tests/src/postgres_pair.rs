@@ -1,4 +1,4 @@
-//! A PostgreSQL primary with a synchronous standby, made for a test with `initdb` and
+//! A PostgreSQL primary with a synchronous standby (or a lone primary), made for a test with `initdb` and
 //! `pg_basebackup` (as the `postgres` user when the tests run as root), on free local ports;
 //! both stopped on drop.
 
@@ -70,7 +70,34 @@ impl Pair {
         path.to_str().unwrap().to_owned()
     }
 
+    /// A primary and its synchronous standby, both running.
     pub fn start() -> Pair {
+        Self::init(true)
+    }
+
+    /// A lone primary (no standby, commits wait for nobody), for tests that stop and
+    /// start the database itself.
+    pub fn primary_only() -> Pair {
+        Self::init(false)
+    }
+
+    /// `pg_ctl start` of the primary, waiting until it accepts connections.
+    pub fn start_primary(&self) {
+        let primary = Self::text(&self.data("primary"));
+        self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                &primary,
+                "-l",
+                &format!("{primary}.log"),
+                "-w",
+                "start",
+            ],
+        );
+    }
+
+    fn init(with_standby: bool) -> Pair {
         let dir = tempfile::tempdir().unwrap();
         // SAFETY: geteuid(2) has no preconditions and cannot fail.
         let as_postgres = unsafe { libc::geteuid() } == 0;
@@ -103,24 +130,18 @@ impl Pair {
                 "UTF8",
             ],
         );
+        let waits_for = if with_standby { "standby1" } else { "" };
         let conf = format!(
             "port = {}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{sockets}'\n\
-             synchronous_standby_names = 'standby1'\nsynchronous_commit = on\nfsync = on\n\
+             synchronous_standby_names = '{waits_for}'\nsynchronous_commit = on\nfsync = on\n\
              max_wal_senders = 4\nwal_level = replica\n",
             pair.primary_port
         );
         pair.append_conf(&pair.data("primary").join("postgresql.conf"), &conf);
-        pair.run(
-            "pg_ctl",
-            &[
-                "-D",
-                &primary,
-                "-l",
-                &format!("{primary}.log"),
-                "-w",
-                "start",
-            ],
-        );
+        pair.start_primary();
+        if !with_standby {
+            return pair;
+        }
         pair.run(
             "pg_basebackup",
             &[

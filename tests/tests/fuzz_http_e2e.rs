@@ -5,126 +5,14 @@
 //! huge strings, wrong types). No answer may be a 5xx, every refusal is
 //! `application/problem+json`, and the ledger still verifies afterwards.
 //!
-//! Not coverage-guided: the stable toolchain this project builds with has no libFuzzer
-//! instrumentation (`cargo fuzz` needs nightly), so inputs are drawn from a seeded
-//! generator; `AETHER_FUZZ_SEED` and `AETHER_FUZZ_CASES` change the draw (the long suite
-//! runs more cases).
+//! Inputs are drawn from a seeded generator (`aether_e2e::draw`) against the whole server;
+//! the body decoders themselves are also fuzzed coverage-guided (`fuzz/`, `append_body`,
+//! `openlineage`, `policy`). `AETHER_FUZZ_SEED` and `AETHER_FUZZ_CASES` change the draw
+//! (the long suite runs more cases).
 
+use aether_e2e::draw::Draw;
 use aether_e2e::{OPERATOR_TOKEN, REGULATOR_TOKEN, Server, http};
-use serde_json::{Value, json};
-
-/// xorshift64*: a reproducible draw, reported on failure.
-struct Draw(u64);
-
-impl Draw {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
-        from[self.below(from.len() as u64) as usize]
-    }
-
-    /// A string of the kinds that have broken parsers and databases.
-    fn text(&mut self) -> String {
-        match self.below(10) {
-            0 => String::new(),
-            1 => "a\u{0}b".to_owned(),
-            2 => "x".repeat(1 + self.below(70_000) as usize),
-            3 => "9223372036854775808".to_owned(),
-            4 => "18446744073709551616".to_owned(),
-            5 => "-1".to_owned(),
-            6 => "é\u{202e}\u{feff}𝕏".to_owned(),
-            7 => "../../etc/passwd".to_owned(),
-            8 => format!("{}", self.next()),
-            _ => self
-                .pick(&[
-                    "true",
-                    "null",
-                    "1e309",
-                    "0x10",
-                    "2026-13-45T25:61:61Z",
-                    "%00",
-                    "*",
-                ])
-                .to_owned(),
-        }
-    }
-
-    /// A JSON value, nested up to `depth`.
-    fn value(&mut self, depth: u32) -> Value {
-        match self.below(if depth == 0 { 6 } else { 9 }) {
-            0 => Value::Null,
-            1 => json!(self.below(2) == 1),
-            2 => json!(self.text()),
-            3 => serde_json::from_str(self.pick(&[
-                "18446744073709551616",
-                "9007199254740993",
-                "-9223372036854775809",
-                "1e300",
-                "-0.0",
-                "2147483648",
-            ]))
-            .unwrap_or(Value::Null),
-            4 => json!(self.next() as i64),
-            5 => json!(self.next() as f64 / 3.0),
-            6 => Value::Array((0..self.below(4)).map(|_| self.value(depth - 1)).collect()),
-            _ => {
-                let keys = [
-                    "stream_id",
-                    "events",
-                    "event_type",
-                    "payload",
-                    "metadata",
-                    "name",
-                    "ref",
-                    "uri",
-                    "digest",
-                    "source",
-                    "policy",
-                    "version",
-                    "steps",
-                    "baseline",
-                    "candidate",
-                    "limit",
-                    "from",
-                    "to",
-                    "weight",
-                    "snapshot",
-                    "documents",
-                    "reason",
-                    "resolution",
-                    "since_tree_size",
-                    "expected_version",
-                    "$personal",
-                ];
-                let mut object = serde_json::Map::new();
-                for _ in 0..self.below(5) {
-                    object.insert(self.pick(&keys).to_owned(), self.value(depth - 1));
-                }
-                Value::Object(object)
-            }
-        }
-    }
-
-    /// A body: JSON of any shape, or bytes that are not JSON at all.
-    fn body(&mut self) -> Vec<u8> {
-        match self.below(8) {
-            0 => b"{\"unterminated\": ".to_vec(),
-            1 => vec![0xff, 0xfe, 0x00, 0x7b],
-            2 => format!("{}{}", "[".repeat(3000), "]".repeat(3000)).into_bytes(),
-            3 => b"{\"a\": \"\\ud800\"}".to_vec(),
-            _ => serde_json::to_vec(&self.value(4)).unwrap_or_default(),
-        }
-    }
-}
+use serde_json::Value;
 
 /// `s` fit for a URL: percent-encoded, and cut to 2,000 bytes first (a URL past 64 KiB is
 /// refused by the client before it is sent).
@@ -147,14 +35,7 @@ fn percent_encode(s: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn arbitrary_input_on_every_operation_never_gets_a_5xx() {
-    let seed: u64 = std::env::var("AETHER_FUZZ_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x5EED_A37E_u64);
-    let cases: u64 = std::env::var("AETHER_FUZZ_CASES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(8);
+    let (seed, cases) = aether_e2e::draw::seed_and_cases(8);
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let server = Server::start(&data, &[]);

@@ -1,7 +1,8 @@
 //! OpenTelemetry traces of a real `aether serve`, exported over OTLP/gRPC to a real
 //! `TraceService` this test starts: a clearing request is one trace under the member's
 //! `traceparent`, with its stages as child spans and the ledger seq of its decision; an
-//! HTTP call is a span under the caller's `traceparent`.
+//! HTTP call is a span under the caller's `traceparent`; W3C baggage is carried with the
+//! trace (to the worker too) and recorded as `baggage.<key>` attributes.
 
 use serde_json::Value;
 use std::sync::{Arc, Mutex};
@@ -123,7 +124,10 @@ async fn a_trace_crosses_to_the_worker_and_failures_are_kept_whatever_the_ratio(
         &[],
         &worker_env,
     );
-    let mut bank_a = client(&server, &data, "bank-a").await;
+    // W3C baggage in the call's metadata goes with the trace, to the worker too.
+    let mut bank_a = client(&server, &data, "bank-a")
+        .await
+        .with_baggage("desk=fx-options, region=SG;ttl=60");
 
     let trace_hex = "5bf92f3577b34da6a3ce929d0e0e4737";
     let mut traced = trade(125_000);
@@ -132,9 +136,23 @@ async fn a_trace_crosses_to_the_worker_and_failures_are_kept_whatever_the_ratio(
     let spans = trace(
         &receiver,
         &hex::decode(trace_hex).unwrap(),
-        &["clearing.score", "aether.v1.WorkerService/Work"],
+        &[
+            "aether.v1.ClearingService/Submit",
+            "clearing.score",
+            "aether.v1.WorkerService/Work",
+            "worker.netting",
+        ],
     )
     .await;
+    let request = spans
+        .iter()
+        .find(|s| s.name == "aether.v1.ClearingService/Submit")
+        .unwrap();
+    assert_eq!(
+        attribute(request, "baggage.desk").as_deref(),
+        Some("fx-options")
+    );
+    assert_eq!(attribute(request, "baggage.region").as_deref(), Some("SG"));
     let score = spans.iter().find(|s| s.name == "clearing.score").unwrap();
     let work = spans
         .iter()
@@ -149,6 +167,16 @@ async fn a_trace_crosses_to_the_worker_and_failures_are_kept_whatever_the_ratio(
         Some("worker-1")
     );
     assert_eq!(attribute(work, "aether.batch_size").as_deref(), Some("1"));
+    let netting = spans.iter().find(|s| s.name == "worker.netting").unwrap();
+    assert_eq!(
+        netting.parent_span_id, work.span_id,
+        "the worker's netting is a stage of its batch"
+    );
+    assert_eq!(
+        attribute(work, "baggage.desk").as_deref(),
+        Some("fx-options"),
+        "the baggage crossed the worker protocol"
+    );
     assert_eq!(attribute(work, "aether.device").as_deref(), Some("cpu"));
     assert_eq!(
         attribute(work, "aether.model_digest").as_deref(),
@@ -240,6 +268,9 @@ async fn a_clearing_request_is_one_trace_under_the_members_traceparent() {
     let nested = [
         ("clearing.citations", "clearing.rules"),
         ("batch.queue", "clearing.score"),
+        ("clearing.batch", "clearing.score"),
+        ("worker.scoring", "clearing.batch"),
+        ("worker.netting", "clearing.batch"),
     ];
     let mut names = vec![root_name];
     names.extend(stages);
@@ -366,6 +397,58 @@ async fn a_clearing_request_is_one_trace_under_the_members_traceparent() {
         .await
         .unwrap();
 
+    // Each TLS handshake on the gateway's port is a span of its own, a failed one with
+    // its error: a client that speaks no TLS.
+    let grpc_address = server.grpc_url.trim_start_matches("https://").to_owned();
+    let mut plain = tokio::net::TcpStream::connect(&grpc_address).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut plain, b"GET / HTTP/1.1\r\n\r\n")
+        .await
+        .unwrap();
+    drop(plain);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (established, failed) = loop {
+        let spans = receiver.spans.lock().unwrap().clone();
+        let handshakes: Vec<&Span> = spans.iter().filter(|s| s.name == "tls.handshake").collect();
+        let established = handshakes
+            .iter()
+            .find(|s| attribute(s, "tls.established").as_deref() == Some("true"))
+            .map(|s| (*s).clone());
+        let failed = handshakes
+            .iter()
+            .find(|s| attribute(s, "tls.established").as_deref() == Some("false"))
+            .map(|s| (*s).clone());
+        if let (Some(e), Some(f)) = (&established, &failed) {
+            break (e.clone(), f.clone());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no handshake spans: {established:?} {failed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        attribute(&established, "tls.protocol.version").as_deref(),
+        Some("1.3")
+    );
+    assert!(attribute(&established, "tls.cipher").is_some_and(|c| c.starts_with("TLS13_")));
+    assert_eq!(
+        attribute(&established, "network.peer.address").as_deref(),
+        Some("127.0.0.1")
+    );
+    assert!(
+        established.parent_span_id.is_empty(),
+        "a handshake is a root"
+    );
+    assert_eq!(failed.status.as_ref().map(|s| s.code), Some(2), "ERROR");
+    assert!(
+        failed
+            .status
+            .as_ref()
+            .is_some_and(|s| s.message.starts_with("TLS handshake failed")),
+        "{:?}",
+        failed.status
+    );
+
     // An HTTP call is a span under the caller's traceparent, with its tracestate.
     let http_trace = "0af7651916cd43dd8448eb211c80319c";
     let resp = http()
@@ -376,6 +459,7 @@ async fn a_clearing_request_is_one_trace_under_the_members_traceparent() {
             format!("00-{http_trace}-b7ad6b7169203331-01"),
         )
         .header("tracestate", "congo=t61rcWkgMzE")
+        .header("baggage", "userId=alice%20b,isProduction=false")
         .send()
         .await
         .unwrap();
@@ -392,6 +476,15 @@ async fn a_clearing_request_is_one_trace_under_the_members_traceparent() {
         hex::decode("b7ad6b7169203331").unwrap()
     );
     assert_eq!(call.trace_state, "congo=t61rcWkgMzE");
+    assert_eq!(
+        attribute(call, "baggage.userId").as_deref(),
+        Some("alice b"),
+        "baggage values are percent-decoded"
+    );
+    assert_eq!(
+        attribute(call, "baggage.isProduction").as_deref(),
+        Some("false")
+    );
     assert_eq!(
         attribute(call, "http.request.method").as_deref(),
         Some("GET")

@@ -206,8 +206,12 @@ where
     // Also the global provider: the gateway makes the span of a failed request that was not
     // sampled through it (`aether_gateway::telemetry::keep_failure`).
     opentelemetry::global::set_tracer_provider(provider.clone());
+    // W3C Trace Context and W3C Baggage, as OTEL_PROPAGATORS' default ("tracecontext,baggage").
     opentelemetry::global::set_text_map_propagator(
-        opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+        opentelemetry::propagation::TextMapCompositePropagator::new(vec![
+            Box::new(opentelemetry_sdk::propagation::TraceContextPropagator::new()),
+            Box::new(opentelemetry_sdk::propagation::BaggagePropagator::new()),
+        ]),
     );
     let tracer = provider.tracer("aether");
     // Aether's spans only (the ledger's and the libraries' debug events stay out): the
@@ -217,6 +221,7 @@ where
             && (meta.target().starts_with("aether::")
                 || meta.target() == "aether"
                 || meta.target().starts_with("aether_gateway")
+                || meta.target() == "aether_gpu_worker"
                 || meta.target() == "aether_lineage::delta_relay"
                 || meta.target() == "aether_control::rollout_controller")
     });

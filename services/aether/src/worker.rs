@@ -332,7 +332,7 @@ fn batch_span(assignment: &WorkAssignment, model: &ClearingModel) -> tracing::Sp
         aether.model_digest = %assignment.model_digest,
         aether.device = %model.device_name(),
     );
-    aether_gateway::telemetry::follow(&span, &first.traceparent);
+    aether_gateway::telemetry::follow_context(&span, &first.traceparent, "", &first.baggage);
     span
 }
 
@@ -366,9 +366,14 @@ async fn score(models: &[Arc<ClearingModel>], assignment: WorkAssignment) -> Wor
         at_or_above: assignment.explain_at_or_above.map(|t| t as f32),
     };
     let span = batch_span(&assignment, &model);
-    let outcome = tokio::task::spawn_blocking(move || model.score_net_and_explain(&batch, &plan))
-        .instrument(span.clone())
-        .await;
+    // The span is entered on the blocking thread too: the batch's stages (scoring,
+    // netting, explanations) are its children.
+    let inner = span.clone();
+    let outcome = tokio::task::spawn_blocking(move || {
+        inner.in_scope(|| model.score_net_and_explain(&batch, &plan))
+    })
+    .instrument(span.clone())
+    .await;
     if let Ok(Err(e)) = &outcome {
         span.record("otel.status_code", "ERROR");
         span.record("otel.status_message", tracing::field::display(e));

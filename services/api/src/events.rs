@@ -153,8 +153,9 @@ struct MultiBody {
     appends: Vec<StreamBody>,
 }
 
-/// Reads `{stream_id, expected_version, events}` or `{appends: [...]}` (atomic).
-fn parse_append(body: &[u8]) -> Result<Vec<AppendToStream>, Problem> {
+/// Reads `{stream_id, expected_version, events}` or `{appends: [...]}` (atomic). Public for
+/// the fuzz targets (`fuzz/`): the body decoder of `POST /v1/events`, reached by any operator.
+pub fn parse_append(body: &[u8]) -> Result<Vec<AppendToStream>, Problem> {
     let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
         Problem::bad_request(format!(
             "request body is not JSON (line {}, column {}): {e}",

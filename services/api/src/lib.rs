@@ -42,6 +42,7 @@ use axum::routing::get;
 
 pub use access::{ACCESS_EVENT_TYPE, ACCESS_STREAM};
 pub use audit::CheckpointCadence;
+pub use events::parse_append;
 pub use problem::Problem;
 pub use sessions::Sessions;
 pub use state::AppState;

@@ -78,7 +78,13 @@ pub async fn colour(mut request: axum::extract::Request, next: axum::middleware:
         .get("tracestate")
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default();
-    aether_gateway::telemetry::follow_with_state(&span, &traceparent, tracestate);
+    let baggage = request
+        .headers()
+        .get("baggage")
+        .and_then(|v| v.to_str().ok())
+        .filter(|b| aether_gateway::telemetry::valid_baggage(b))
+        .unwrap_or_default();
+    aether_gateway::telemetry::follow_context(&span, &traceparent, tracestate, baggage);
     let ids = aether_gateway::telemetry::LogIds::new(&origin.trace_id);
     request.extensions_mut().insert(origin);
     let mut response = {

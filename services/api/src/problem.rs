@@ -34,6 +34,11 @@ impl Problem {
         self
     }
 
+    /// The HTTP status it is answered with.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
     /// What went wrong, for a log line where no answer can carry it any more.
     pub fn detail(&self) -> &str {
         &self.detail

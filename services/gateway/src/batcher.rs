@@ -107,6 +107,9 @@ pub struct Job {
     /// The W3C `traceparent` of the request's scoring span when it is traced (empty
     /// otherwise), carried to a remote worker with the trade.
     pub traceparent: String,
+    /// The W3C `baggage` of the request's context when it is traced (empty otherwise),
+    /// carried to a remote worker with its `traceparent`.
+    pub baggage: String,
     /// When a traced trade was queued (set by [`Batcher::submit`]), for its queue-wait span.
     pub queued_at: Option<std::time::SystemTime>,
 }
@@ -328,7 +331,7 @@ async fn execute(
     model: ModelHandle,
     inputs: Vec<(Trade, TradeContext)>,
     plan: ExplainPlan,
-    traceparents: &[String],
+    contexts: &[(String, String)],
 ) -> Result<Executed, String> {
     let Scorer {
         pool,
@@ -362,7 +365,10 @@ async fn execute(
                 .enumerate()
                 .map(|(i, (t, c))| {
                     let mut item = work_item(t, c, plan.marked.get(i).copied().unwrap_or(false));
-                    item.traceparent = traceparents.get(i).cloned().unwrap_or_default();
+                    if let Some((traceparent, baggage)) = contexts.get(i) {
+                        item.traceparent.clone_from(traceparent);
+                        item.baggage.clone_from(baggage);
+                    }
                     item
                 })
                 .collect(),
@@ -409,10 +415,15 @@ async fn execute(
     let Some(model) = local.filter(|_| config.local_workers) else {
         return Err(last_error.unwrap_or_else(|| DispatchError::NoWorker(digest).to_string()));
     };
-    let result = tokio::task::spawn_blocking(move || model.score_net_and_explain(&inputs, &plan))
-        .await
-        .map_err(|e| format!("the worker stopped: {e}"))?
-        .map_err(|e| e.to_string())?;
+    // A traced batch scored here has a span of its own, entered on the blocking thread so
+    // that its stages (scoring, netting, explanations) are its children.
+    let span = in_process_span(contexts, inputs.len());
+    let result = tokio::task::spawn_blocking(move || {
+        span.in_scope(|| model.score_net_and_explain(&inputs, &plan))
+    })
+    .await
+    .map_err(|e| format!("the worker stopped: {e}"))?
+    .map_err(|e| e.to_string())?;
     Ok(Executed {
         explanations: result
             .explanations
@@ -427,6 +438,24 @@ async fn execute(
         model_ref: result.model_ref,
         model_digest: result.model_digest,
     })
+}
+
+/// The span of a batch scored in process for traced requests: a child of the first traced
+/// request's scoring span, as a remote worker's batch span is; none for an untraced batch.
+fn in_process_span(contexts: &[(String, String)], size: usize) -> tracing::Span {
+    let mut traced = contexts.iter().filter(|(t, _)| !t.is_empty());
+    let Some((traceparent, baggage)) = traced.next() else {
+        return tracing::Span::none();
+    };
+    let span = tracing::debug_span!(
+        "worker.batch",
+        otel.name = "clearing.batch",
+        aether.worker = "in-process",
+        aether.batch_size = size,
+        aether.traced_items = 1 + traced.count(),
+    );
+    crate::telemetry::follow_context(&span, traceparent, "", baggage);
+    span
 }
 
 /// A remote worker's explanation, read as strictly as the worker's own type; a reply
@@ -470,6 +499,7 @@ fn work_item(trade: &Trade, context: &TradeContext, explain: bool) -> WorkItem {
         velocity: context.velocity,
         explain,
         traceparent: String::new(),
+        baggage: String::new(),
     }
 }
 
@@ -530,13 +560,15 @@ async fn score_batch(scorer: &Scorer<'_>, jobs: Vec<Job>, queue_depth: usize) ->
     };
     let config = scorer.config;
     queue_spans(&jobs, batch_id, queue_depth);
-    // Only a traced request's item carries its span to the worker.
-    let traceparents: Vec<String> = if jobs.iter().any(|j| !j.traceparent.is_empty()) {
-        jobs.iter().map(|j| j.traceparent.clone()).collect()
+    // Only a traced request's item carries its span (and baggage) to the worker.
+    let contexts: Vec<(String, String)> = if jobs.iter().any(|j| !j.traceparent.is_empty()) {
+        jobs.iter()
+            .map(|j| (j.traceparent.clone(), j.baggage.clone()))
+            .collect()
     } else {
         Vec::new()
     };
-    let result = match execute(scorer, model, inputs, plan, &traceparents).await {
+    let result = match execute(scorer, model, inputs, plan, &contexts).await {
         Ok(result) => result,
         Err(reason) => {
             metrics::counter!("aether_clearing_batch_failures_total").increment(1);

@@ -301,12 +301,8 @@ impl ClearingGateway {
     /// checked whole before anything is looked up or batched: a malformed one (a NUL in
     /// its request id, say) never reaches a query or a batch that other members share.
     pub async fn clear(&self, submission: Submission) -> Result<Answer, ClearError> {
-        let (trade, digest) = crate::stage_span!("clearing.validate").in_scope(|| {
-            let trade = validate(&submission)?;
-            check_trace_id(&submission.colouring.trace_id)?;
-            let digest = trade_digest(&trade);
-            Ok::<_, ClearError>((trade, digest))
-        })?;
+        let (trade, digest) =
+            crate::stage_span!("clearing.validate").in_scope(|| check(&submission))?;
         let key: RequestKey =
             Arc::new((submission.member_id.clone(), submission.request_id.clone()));
         let recent = self.lock_recent().map.get(&key).cloned();
@@ -705,6 +701,7 @@ impl ClearingGateway {
                     .explanations
                     .then_some(self.inner.config.hold_score as f32),
                 traceparent: crate::telemetry::current_traceparent(),
+                baggage: crate::telemetry::current_baggage(),
                 queued_at: None,
             })
             .map_err(|e| ClearError::Overloaded(e.to_string()))?;
@@ -958,14 +955,33 @@ fn snapshot_id(
     hex::encode(sm3(canonical_json(&doc).unwrap_or_default().as_bytes()))
 }
 
+/// What [`ClearingGateway::clear`] checks before anything else: every field of the trade
+/// and the trace id. The trade and its digest on success.
+pub fn check(submission: &Submission) -> Result<(Trade, String), ClearError> {
+    let trade = validate(submission)?;
+    check_trace_id(&submission.colouring.trace_id)?;
+    let digest = trade_digest(&trade);
+    Ok((trade, digest))
+}
+
 fn validate(s: &Submission) -> Result<Trade, ClearError> {
     let t = &s.trade;
-    let value_date = NaiveDate::parse_from_str(&t.value_date, "%Y-%m-%d").map_err(|_| {
-        ClearError::InvalidTrade(format!(
-            "value_date {:?} is not a date in the form YYYY-MM-DD",
-            t.value_date
-        ))
-    })?;
+    // Exactly YYYY-MM-DD: chrono also reads "+2026-12-02" and "2026-1-2", which would be
+    // recorded as another text than the member sent.
+    let value_date = NaiveDate::parse_from_str(&t.value_date, "%Y-%m-%d")
+        .ok()
+        .filter(|d| d.format("%Y-%m-%d").to_string() == t.value_date)
+        .ok_or_else(|| {
+            let shown: String = t.value_date.chars().take(64).collect();
+            let more = if shown.len() < t.value_date.len() {
+                "…"
+            } else {
+                ""
+            };
+            ClearError::InvalidTrade(format!(
+                "value_date {shown:?}{more} is not a date in the form YYYY-MM-DD"
+            ))
+        })?;
     let tier = u8::try_from(t.counterparty_tier)
         .ok()
         .filter(|t| (1..=5).contains(t))

@@ -63,8 +63,8 @@ pub struct ClearingClient {
     server_key: sm2::PublicKey,
     member_id: String,
     keying: Keying,
-    /// `traceparent` and `tracestate` sent as gRPC metadata with every call.
-    trace: Option<(String, String)>,
+    /// `traceparent`, `tracestate` and `baggage`, sent as gRPC metadata with every call.
+    trace: Vec<(&'static str, String)>,
 }
 
 impl ClearingClient {
@@ -109,7 +109,7 @@ impl ClearingClient {
             server_key,
             member_id: member_id.to_owned(),
             keying: Keying::PerRequest,
-            trace: None,
+            trace: Vec::new(),
         })
     }
 
@@ -238,7 +238,19 @@ impl ClearingClient {
     /// not empty) with every call, as OpenTelemetry's gRPC instrumentation does; the gateway
     /// follows it for requests whose colouring names no `traceparent` of its own.
     pub fn with_trace_context(mut self, traceparent: &str, tracestate: &str) -> Self {
-        self.trace = Some((traceparent.to_owned(), tracestate.to_owned()));
+        self.trace.retain(|(name, _)| *name == "baggage");
+        self.trace.push(("traceparent", traceparent.to_owned()));
+        if !tracestate.is_empty() {
+            self.trace.push(("tracestate", tracestate.to_owned()));
+        }
+        self
+    }
+
+    /// Sends this W3C `baggage` as gRPC metadata with every call, as OpenTelemetry's gRPC
+    /// instrumentation does; the gateway's spans of a traced request carry its entries.
+    pub fn with_baggage(mut self, baggage: &str) -> Self {
+        self.trace.retain(|(name, _)| *name != "baggage");
+        self.trace.push(("baggage", baggage.to_owned()));
         self
     }
 
@@ -336,7 +348,7 @@ struct CallKey {
     key: Sm4Key,
     key_id: String,
     header: Option<String>,
-    trace: Option<(String, String)>,
+    trace: Vec<(&'static str, String)>,
 }
 
 impl CallKey {
@@ -349,14 +361,11 @@ impl CallKey {
                 .map_err(|_| ClientError::Answer("unencodable key header".into()))?;
             call.metadata_mut().insert(KEY_HEADER, value);
         }
-        if let Some((traceparent, tracestate)) = &self.trace {
-            let unencodable = |_| ClientError::Answer("unencodable trace context".into());
-            call.metadata_mut()
-                .insert("traceparent", traceparent.parse().map_err(unencodable)?);
-            if !tracestate.is_empty() {
-                call.metadata_mut()
-                    .insert("tracestate", tracestate.parse().map_err(unencodable)?);
-            }
+        for (name, value) in &self.trace {
+            let value = value
+                .parse()
+                .map_err(|_| ClientError::Answer(format!("unencodable {name} metadata")))?;
+            call.metadata_mut().insert(*name, value);
         }
         Ok(call)
     }

@@ -1,6 +1,6 @@
 //! The gRPC clearing gateway: mTLS identities ([`identity`], [`tls`], [`certs`]), the
 //! SM2/SM4 envelope ([`envelope`]), the clearing pipeline ([`clearing`]: rules, routing,
-//! [`batcher`], decision events, [`observations`] for rollout analysis), its gRPC service ([`service`]) and a client ([`client`]).
+//! [`batcher`], decision events, [`observations`] for rollout analysis), the decoding of an opened payload ([`request`]), its gRPC service ([`service`]) and a client ([`client`]).
 //!
 //! Invariant: a member is never answered before the decision's event has committed.
 
@@ -18,6 +18,7 @@ pub mod identity;
 mod lookups;
 pub mod observations;
 pub mod pb;
+pub mod request;
 pub mod risk_book;
 pub mod service;
 pub mod snapshot_grpc;

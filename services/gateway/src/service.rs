@@ -14,9 +14,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument as _;
 
-use crate::clearing::{
-    Answer, ClearError, ClearingGateway, Colouring, Decision, Submission, TradeInput,
-};
+use crate::clearing::{Answer, ClearError, ClearingGateway, Decision};
 use crate::envelope::{
     Aad, Direction, EnvelopeError, EnvelopeKey, ErrorKind, KEY_HEADER, RequestKeys, SessionKeys,
     seal, unix_now,
@@ -24,8 +22,8 @@ use crate::envelope::{
 use crate::identity::Peer;
 use crate::pb::v1::clearing_service_server::ClearingService;
 use crate::pb::v1::{
-    self as pb, ClearingRequest, KeyExchangeRequest, KeyExchangeResponse, SealedBatchRequest,
-    SealedBatchResponse, SealedRequest, SealedResponse,
+    self as pb, KeyExchangeRequest, KeyExchangeResponse, SealedBatchRequest, SealedBatchResponse,
+    SealedRequest, SealedResponse,
 };
 
 pub const METHOD_SUBMIT: &str = "/aether.v1.ClearingService/Submit";
@@ -117,12 +115,9 @@ impl ClearingServer {
                 .open(&aad, &sealed.nonce, &sealed.ciphertext, now)
         }
         .map_err(envelope_status)?;
-        let mut request = ClearingRequest::decode(opened.plaintext.as_slice()).map_err(|e| {
-            Status::invalid_argument(format!("the opened payload is not a ClearingRequest: {e}"))
-        })?;
-        let trade = request
-            .trade
-            .ok_or_else(|| Status::invalid_argument("the ClearingRequest has no trade"))?;
+        let mut decoded = crate::request::decode(opened.plaintext.as_slice())
+            .map_err(|e| Status::invalid_argument(bounded(e.to_string())))?;
+        let request = &mut decoded.request;
         // The colouring's own trace context, else the call's metadata's (with its state).
         let mut tracestate = "";
         if request.traceparent.is_empty()
@@ -140,6 +135,7 @@ impl ClearingServer {
             &request.trace_id,
             &request.traceparent,
             tracestate,
+            &call.baggage,
         );
         // The ids its log lines carry: the trace id it is coloured with (the member's, else
         // its traceparent's, else the one the gateway makes, made here so both agree).
@@ -175,26 +171,11 @@ impl ClearingServer {
         // Kept only for a failure that was not sampled (`telemetry::keep_failure`).
         let unsampled_traceparent = (span.is_disabled() && crate::telemetry::exporting())
             .then(|| request.traceparent.clone());
-        let clearing = self.gateway.clear(Submission {
-            member_id: sealed.member_id.clone(),
-            request_id: sealed.request_id.clone(),
-            trade: TradeInput {
-                buyer: trade.buyer,
-                seller: trade.seller,
-                instrument: trade.instrument,
-                currency: trade.currency,
-                amount_minor: trade.amount_minor,
-                value_date: trade.value_date,
-                jurisdiction: trade.jurisdiction,
-                counterparty_tier: trade.counterparty_tier,
-            },
-            colouring: Colouring {
-                trace_id: request.trace_id,
-                model_stage: request.model_stage,
-                semantic_tag: request.semantic_tag,
-                traceparent: request.traceparent,
-            },
-        });
+        let clearing = self.gateway.clear(crate::request::submission(
+            &sealed.member_id,
+            &sealed.request_id,
+            decoded,
+        ));
         let decided = crate::telemetry::with_log_ids(
             crate::telemetry::LogIds::new(&trace_id),
             clearing.instrument(span.clone()),
@@ -210,6 +191,7 @@ impl ClearingServer {
                     trace_id: &trace_id,
                     traceparent,
                     tracestate,
+                    baggage: &call.baggage,
                 },
                 std::time::SystemTime::now() - received.elapsed(),
                 e,
@@ -241,12 +223,14 @@ impl ClearingServer {
 /// What a call's gRPC metadata says for all its requests: the per-request key header, and
 /// the W3C trace context an OpenTelemetry-instrumented gRPC client puts there (followed
 /// when a request's own colouring names no `traceparent`; one that is not W3C's is
-/// ignored, as W3C Trace Context says).
+/// ignored, as W3C Trace Context says), and its W3C `baggage` (ignored whole when it is not
+/// W3C's, `telemetry::valid_baggage`).
 #[derive(Clone, Debug, Default)]
 struct CallMetadata {
     key_header: Option<String>,
     traceparent: Option<String>,
     tracestate: String,
+    baggage: String,
 }
 
 fn call_metadata<T>(request: &Request<T>) -> CallMetadata {
@@ -265,6 +249,9 @@ fn call_metadata<T>(request: &Request<T>) -> CallMetadata {
             .and_then(|_| text("tracestate"))
             .unwrap_or_default(),
         traceparent,
+        baggage: text("baggage")
+            .filter(|b| crate::telemetry::valid_baggage(b))
+            .unwrap_or_default(),
     }
 }
 
@@ -294,10 +281,27 @@ fn envelope_status(e: EnvelopeError) -> Status {
     }
 }
 
+/// Longest status message sent: it travels in an HTTP/2 trailer, and a member's 70 kB
+/// field echoed back whole would overflow the client's header list (an h2 protocol error
+/// instead of the refusal).
+pub const MAX_STATUS_MESSAGE: usize = 1_024;
+
+/// `message` cut to [`MAX_STATUS_MESSAGE`] bytes at a character boundary, marked as cut.
+fn bounded(message: String) -> String {
+    if message.len() <= MAX_STATUS_MESSAGE {
+        return message;
+    }
+    let cut = (0..=MAX_STATUS_MESSAGE - 3)
+        .rev()
+        .find(|&i| message.is_char_boundary(i))
+        .unwrap_or(0);
+    format!("{}…", &message[..cut])
+}
+
 fn clear_status(e: ClearError) -> Status {
     match &e {
         ClearError::InvalidTrade(_) | ClearError::InvalidColouring(_) => {
-            Status::invalid_argument(e.to_string())
+            Status::invalid_argument(bounded(e.to_string()))
         }
         ClearError::NoEngine(_) => Status::failed_precondition(e.to_string()),
         ClearError::Overloaded(_) => Status::resource_exhausted(e.to_string()),

@@ -65,13 +65,56 @@ pub fn past_span(
     if !exporting() || traceparent.is_empty() {
         return;
     }
-    let parent = parent_context(traceparent, "");
+    let parent = parent_context(traceparent, "", "");
     let tracer = opentelemetry::global::tracer("aether-gateway");
     let mut span = tracer
         .span_builder(name)
         .with_start_time(start)
         .with_attributes(attributes)
         .start_with_context(&tracer, &parent);
+    span.end_with_timestamp(end);
+}
+
+/// How a TLS handshake on the gateway's port ended: the protocol version and cipher suite
+/// agreed, or why it failed.
+pub type HandshakeOutcome<'a> = Result<(&'a str, &'a str), String>;
+
+/// The span of one TLS handshake on the gateway's port, made once it is over (from the
+/// accepted TCP connection to the end of the handshake). A connection is not part of any
+/// request's trace (no trace context can come before TLS), so the span is a root of its
+/// own: every failed handshake is kept (an error path), a successful one at the sampling
+/// ratio. Attributes after the semantic conventions (`tls.*`, `network.peer.address`).
+pub fn handshake_span(
+    start: SystemTime,
+    end: SystemTime,
+    peer: std::net::SocketAddr,
+    outcome: HandshakeOutcome<'_>,
+) {
+    use opentelemetry::KeyValue;
+    use opentelemetry::trace::{Span as _, SpanKind, Status, Tracer as _};
+    if !exporting() || (outcome.is_ok() && !sampled("", "")) {
+        return;
+    }
+    let tracer = opentelemetry::global::tracer("aether-gateway");
+    let mut attributes = vec![
+        KeyValue::new("network.peer.address", peer.ip().to_string()),
+        KeyValue::new("network.peer.port", i64::from(peer.port())),
+        KeyValue::new("tls.established", outcome.is_ok()),
+    ];
+    if let Ok((version, cipher)) = &outcome {
+        attributes.push(KeyValue::new("tls.protocol.name", "tls"));
+        attributes.push(KeyValue::new("tls.protocol.version", (*version).to_owned()));
+        attributes.push(KeyValue::new("tls.cipher", (*cipher).to_owned()));
+    }
+    let mut span = tracer
+        .span_builder("tls.handshake")
+        .with_kind(SpanKind::Server)
+        .with_start_time(start)
+        .with_attributes(attributes)
+        .start_with_context(&tracer, &opentelemetry::Context::new());
+    if let Err(reason) = outcome {
+        span.set_status(Status::error(reason));
+    }
     span.end_with_timestamp(end);
 }
 
@@ -85,6 +128,7 @@ pub struct FailedRequest<'a> {
     pub trace_id: &'a str,
     pub traceparent: &'a str,
     pub tracestate: &'a str,
+    pub baggage: &'a str,
 }
 
 /// The span a failed request that was not sampled still leaves (the design's sampler
@@ -111,8 +155,9 @@ pub fn keep_failure(
         trace_id,
         traceparent,
         tracestate,
+        baggage,
     } = *request;
-    let parent = parent_context(traceparent, tracestate);
+    let parent = parent_context(traceparent, tracestate, baggage);
     let tracer = opentelemetry::global::tracer("aether-gateway");
     let rpc_method = method.rsplit('/').next().unwrap_or(method);
     let mut span = tracer
@@ -216,6 +261,7 @@ pub fn request_span(
     trace_id: &str,
     traceparent: &str,
     tracestate: &str,
+    baggage: &str,
 ) -> Span {
     if !sampled(trace_id, traceparent) {
         return Span::none();
@@ -235,7 +281,7 @@ pub fn request_span(
         aether.trace_id = %trace_id,
         aether.ledger.seq = tracing::field::Empty,
     );
-    follow_with_state(&span, traceparent, tracestate);
+    follow_context(&span, traceparent, tracestate, baggage);
     span
 }
 
@@ -247,22 +293,90 @@ pub fn follow(span: &Span, traceparent: &str) {
 
 /// [`follow`] with the caller's `tracestate`, which the span then carries on.
 pub fn follow_with_state(span: &Span, traceparent: &str, tracestate: &str) {
-    if !span.is_disabled() && !traceparent.is_empty() {
-        let _ = span.set_parent(parent_context(traceparent, tracestate));
-    }
+    follow_context(span, traceparent, tracestate, "");
 }
 
-/// The OpenTelemetry context a W3C `traceparent` (and its `tracestate`) names; an empty
-/// one makes a root.
-fn parent_context(traceparent: &str, tracestate: &str) -> opentelemetry::Context {
-    if traceparent.is_empty() {
-        return opentelemetry::Context::new();
+/// [`follow_with_state`] with the caller's W3C `baggage` (already checked with
+/// [`valid_baggage`]): the span's context carries it, so that it goes on to a remote
+/// worker ([`current_baggage`]), and each entry is an attribute `baggage.<key>` of the
+/// span, as OpenTelemetry's baggage span processor records it, so that a trace shows what
+/// the caller sent.
+pub fn follow_context(span: &Span, traceparent: &str, tracestate: &str, baggage: &str) {
+    use opentelemetry::baggage::BaggageExt as _;
+    if span.is_disabled() || (traceparent.is_empty() && baggage.is_empty()) {
+        return;
     }
-    let mut carrier = HashMap::from([("traceparent".to_owned(), traceparent.to_owned())]);
-    if !tracestate.is_empty() {
-        carrier.insert("tracestate".to_owned(), tracestate.to_owned());
+    let parent = parent_context(traceparent, tracestate, baggage);
+    for (key, (value, _)) in parent.baggage() {
+        span.set_attribute(format!("baggage.{}", key.as_str()), value.to_string());
     }
-    opentelemetry::global::get_text_map_propagator(|p| p.extract(&carrier))
+    let _ = span.set_parent(parent);
+}
+
+/// Most bytes of a `baggage` header followed (W3C Baggage's limit for a whole header).
+pub const MAX_BAGGAGE_BYTES: usize = 8_192;
+/// Most entries of a `baggage` header followed (W3C Baggage's limit).
+pub const MAX_BAGGAGE_MEMBERS: usize = 64;
+
+/// Whether `value` is a W3C `baggage` header Aether follows: at most
+/// [`MAX_BAGGAGE_BYTES`] and [`MAX_BAGGAGE_MEMBERS`], each entry `key=value` with an
+/// optional `;property` list, the key a token (RFC 9110) and the value baggage octets
+/// (percent-encoded where needed). A header that is not is ignored whole: W3C Baggage asks
+/// that no partial list be propagated.
+pub fn valid_baggage(value: &str) -> bool {
+    let tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    let octet = |b: u8| matches!(b, 0x21 | 0x23..=0x2b | 0x2d..=0x3a | 0x3c..=0x5b | 0x5d..=0x7e);
+    let members: Vec<&str> = value.split(',').collect();
+    value.len() <= MAX_BAGGAGE_BYTES
+        && members.len() <= MAX_BAGGAGE_MEMBERS
+        && members.iter().all(|member| {
+            let entry = member.split(';').next().unwrap_or_default();
+            let Some((key, val)) = entry.split_once('=') else {
+                return false;
+            };
+            let (key, val) = (key.trim_matches([' ', '\t']), val.trim_matches([' ', '\t']));
+            !key.is_empty() && key.bytes().all(tchar) && val.bytes().all(octet)
+        })
+}
+
+/// The W3C `baggage` of the current span's context (empty when it has none, or the
+/// request is not traced): what a traced request's work carries to a remote worker.
+pub fn current_baggage() -> String {
+    use opentelemetry::propagation::TextMapPropagator as _;
+    let current = Span::current();
+    if current.is_disabled() {
+        return String::new();
+    }
+    let mut carrier = HashMap::new();
+    opentelemetry_sdk::propagation::BaggagePropagator::new()
+        .inject_context(&current.context(), &mut carrier);
+    carrier.remove("baggage").unwrap_or_default()
+}
+
+/// The OpenTelemetry context a W3C `traceparent` (with its `tracestate`) and `baggage`
+/// name; without a `traceparent` it makes a root (with the baggage, if any).
+fn parent_context(traceparent: &str, tracestate: &str, baggage: &str) -> opentelemetry::Context {
+    use opentelemetry::propagation::TextMapPropagator as _;
+    let mut carrier = HashMap::new();
+    for (name, value) in [
+        ("traceparent", traceparent),
+        ("tracestate", tracestate),
+        ("baggage", baggage),
+    ] {
+        if !value.is_empty() {
+            carrier.insert(name.to_owned(), value.to_owned());
+        }
+    }
+    let context = if traceparent.is_empty() {
+        opentelemetry::Context::new()
+    } else {
+        opentelemetry::global::get_text_map_propagator(|p| p.extract(&carrier))
+    };
+    if baggage.is_empty() {
+        return context;
+    }
+    opentelemetry_sdk::propagation::BaggagePropagator::new()
+        .extract_with_context(&context, &carrier)
 }
 
 /// Records how the request ended: the ledger seq of its decision (a trace names its
@@ -275,6 +389,42 @@ pub fn finish<E: std::fmt::Display>(span: &Span, outcome: Result<u64, &E>) {
         Err(e) => {
             span.record("otel.status_code", "ERROR");
             span.record("otel.status_message", tracing::field::display(e));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn baggage_headers_are_followed_only_when_they_are_w3cs() {
+        for ok in [
+            "userId=alice",
+            "desk=fx-options, region=SG;ttl=60",
+            "serverNode=DF%2028,isProduction=false",
+            "k=",
+        ] {
+            assert!(valid_baggage(ok), "{ok:?} is W3C baggage");
+        }
+        let too_many = (0..=MAX_BAGGAGE_MEMBERS)
+            .map(|i| format!("k{i}=v"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let too_long = format!("k={}", "v".repeat(MAX_BAGGAGE_BYTES));
+        for bad in [
+            "",
+            "no-equals-sign",
+            "=value",
+            "key with space=v",
+            "k=quoted\"value",
+            "k=comma,",
+            "k=back\\slash",
+            "k=tab\tinside",
+            too_many.as_str(),
+            too_long.as_str(),
+        ] {
+            assert!(!valid_baggage(bad), "{bad:?} is not W3C baggage");
         }
     }
 }

@@ -712,12 +712,47 @@ async fn accept_loop(
         let tx = tx.clone();
         tokio::spawn(async move {
             let _permit = permit;
+            let started = std::time::SystemTime::now();
+            let span = |outcome| {
+                crate::telemetry::handshake_span(
+                    started,
+                    std::time::SystemTime::now(),
+                    remote,
+                    outcome,
+                )
+            };
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(tls)) => {
+                    if crate::telemetry::exporting() {
+                        let connection = tls.get_ref().1;
+                        let version = match connection.protocol_version() {
+                            Some(rustls::ProtocolVersion::TLSv1_3) => "1.3",
+                            Some(rustls::ProtocolVersion::TLSv1_2) => "1.2",
+                            _ => "unknown",
+                        };
+                        let cipher = connection.negotiated_cipher_suite().map_or("unknown", |s| {
+                            match u16::from(s.suite()) {
+                                // RFC 8998's suites, which rustls does not name.
+                                0x00C6 => "TLS_SM4_GCM_SM3",
+                                0x00C7 => "TLS_SM4_CCM_SM3",
+                                _ => s.suite().as_str().unwrap_or("unknown"),
+                            }
+                        });
+                        span(Ok((version, cipher)));
+                    }
                     let _ = tx.send(tls).await;
                 }
-                Ok(Err(e)) => tracing::debug!(%remote, error = %e, "TLS handshake failed"),
-                Err(_) => tracing::debug!(%remote, "TLS handshake timed out"),
+                Ok(Err(e)) => {
+                    tracing::debug!(%remote, error = %e, "TLS handshake failed");
+                    span(Err(format!("TLS handshake failed: {e}")));
+                }
+                Err(_) => {
+                    tracing::debug!(%remote, "TLS handshake timed out");
+                    span(Err(format!(
+                        "TLS handshake timed out after {} s",
+                        HANDSHAKE_TIMEOUT.as_secs()
+                    )));
+                }
             }
         });
     }

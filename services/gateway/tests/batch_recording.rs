@@ -66,6 +66,7 @@ async fn a_batch_records_its_netting_with_the_decisions_of_the_trades_still_wait
                 explain: false,
                 explain_at_or_above: None,
                 traceparent: String::new(),
+                baggage: String::new(),
                 queued_at: None,
             })
             .unwrap();

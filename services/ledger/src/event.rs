@@ -152,6 +152,13 @@ fn printable(s: &str) -> String {
 }
 
 impl NewEvent {
+    /// Runs the checks an append makes of this event before the ledger takes it (type,
+    /// schema version, payload and metadata storable, sizes), without appending: for the
+    /// fuzz targets (`fuzz/`), which run them on arbitrary request bodies.
+    pub fn check(&self, max_payload_bytes: usize) -> Result<(), LedgerError> {
+        self.clone().validate(max_payload_bytes).map(|_| ())
+    }
+
     pub(crate) fn validate(mut self, max_payload_bytes: usize) -> Result<ValidEvent, LedgerError> {
         validate_event_type(&self.event_type)?;
         if self.schema_version > MAX_SCHEMA_VERSION {
