@@ -191,10 +191,16 @@ fn clearing_bench_decides_every_request_on_the_postgres_ledger() {
 
     let echo = &report["echo"];
     assert!(echo["ok"].as_u64().unwrap() > 0, "{echo}");
-    assert_eq!(
-        echo["request_bytes"], gateway["request_bytes"],
-        "same sizes"
-    );
+    // The same trades sealed the same way; the mean differs by a byte at most, as request
+    // ids and amounts are a digit longer in a phase that sends more of them.
+    let same_size = |a: &Value, b: &Value| {
+        a["request_bytes"]
+            .as_u64()
+            .unwrap()
+            .abs_diff(b["request_bytes"].as_u64().unwrap())
+            <= 1
+    };
+    assert!(same_size(echo, gateway), "same sizes: {echo} {gateway}");
     assert!(report["ratio_to_echo"].as_f64().unwrap() > 0.0);
     // The durable baseline: the same requests opened, appended by a group commit and
     // answered sealed with the seq they were committed at, on the same database.
@@ -205,7 +211,10 @@ fn clearing_bench_decides_every_request_on_the_postgres_ledger() {
         "several keys used up and replaced: {durable}"
     );
     assert_eq!(durable["errors"], serde_json::json!({}), "{durable}");
-    assert_eq!(durable["request_bytes"], gateway["request_bytes"]);
+    assert!(
+        same_size(durable, gateway),
+        "same sizes: {durable} {gateway}"
+    );
     assert!(durable["max_receipt_seq"].as_u64().unwrap() >= durable_ok);
     assert!(durable["postgres_cpu_secs"].as_f64().is_some(), "{durable}");
     assert!(report["ratio_to_durable"].as_f64().unwrap() > 0.0);

@@ -1292,3 +1292,105 @@ async fn a_console_session_is_the_clusters() {
     assert!(node_b.terminate().success());
     db.drop_database().await;
 }
+
+/// The snapshot coordinator is a singleton of the cluster: while another node holds the
+/// coordinator lease, a snapshot or rollback asked of this node is refused (409, naming
+/// the holder, nothing recorded); snapshots asked of both nodes at once commit one at a
+/// time, each fenced with the coordinator lease's token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_snapshot_coordinator_is_one_node_at_a_time() {
+    use aether_e2e::clearing::{events_of_type, ingest_aml_v2};
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let node_a = node(&dir.path().join("a"), &db, "node-a", None);
+    let key = dir.path().join("a").join("keys").join(PRIVATE_KEY_FILE);
+    let node_b = node(&dir.path().join("b"), &db, "node-b", Some(&key));
+    ingest_aml_v2(&node_a).await;
+    let store = aether_ledger::EventStore::connect(&db.url, Default::default())
+        .await
+        .unwrap();
+
+    // node-b coordinating (its lease taken here in its name): node-a refuses.
+    let lease = "snapshot-coordinator";
+    let held = store
+        .acquire_lease(lease, "node-b", Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(held.is_some());
+    for (path, body) in [
+        ("/v1/snapshots", json!({})),
+        (
+            "/v1/rollback",
+            json!({"snapshot_id": "previous", "reason": "test"}),
+        ),
+    ] {
+        let resp = http()
+            .post(node_a.url(path))
+            .bearer_auth(OPERATOR_TOKEN)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 409, "{path}");
+        assert_eq!(
+            resp.headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok()),
+            Some("1")
+        );
+        let problem: Value = resp.json().await.unwrap();
+        assert_eq!(problem["holder"], "node-b", "{problem}");
+    }
+    assert!(
+        events_of_type(&node_a, "SnapshotCommitted")
+            .await
+            .is_empty()
+    );
+    assert!(events_of_type(&node_a, "SnapshotAborted").await.is_empty());
+    store.release_lease(lease, "node-b").await.unwrap();
+
+    // Asked of both nodes at once: each answer a commit or a refusal naming the other.
+    let mut asked = Vec::new();
+    for round in 0..6 {
+        let server = if round % 2 == 0 { &node_a } else { &node_b };
+        asked.push(
+            http()
+                .post(server.url("/v1/snapshots"))
+                .bearer_auth(OPERATOR_TOKEN)
+                .json(&json!({"ttl_ms": 5000}))
+                .send(),
+        );
+    }
+    let mut committed = 0;
+    for answer in futures::future::join_all(asked).await {
+        let answer = answer.unwrap();
+        let status = answer.status().as_u16();
+        let body: Value = answer.json().await.unwrap();
+        match status {
+            201 => committed += 1,
+            409 => assert!(
+                body["holder"].is_string() || body["participant"].is_string(),
+                "{body}"
+            ),
+            other => panic!("{other}: {body}"),
+        }
+    }
+    assert!(committed >= 1);
+    let snapshots = events_of_type(&node_a, "SnapshotCommitted").await;
+    assert_eq!(snapshots.len(), committed);
+    let tokens: Vec<u64> = snapshots
+        .iter()
+        .map(|e| {
+            assert_eq!(e["metadata"]["fence"]["lease"], lease, "{e}");
+            e["metadata"]["fence"]["token"].as_u64().unwrap()
+        })
+        .collect();
+    // Never decreasing: a token is raised each time the lease changes hands (a node that
+    // takes it again at once, before its release lands, keeps its token).
+    assert!(
+        tokens.windows(2).all(|w| w[0] <= w[1]),
+        "one coordinator at a time: {tokens:?}"
+    );
+    drop(node_b);
+    db.drop_database().await;
+}

@@ -102,6 +102,15 @@ impl From<LedgerError> for Problem {
             LedgerError::DuplicateEventId { .. } => {
                 Problem::new(StatusCode::CONFLICT, "Duplicate event id", e.to_string())
             }
+            LedgerError::Fenced(_) => Problem::new(
+                StatusCode::CONFLICT,
+                "Lease moved",
+                format!(
+                    "{e}; this node no longer holds the lease the write was made under, so \
+                     nothing was written: retry"
+                ),
+            )
+            .retry_after(1),
             LedgerError::Overloaded => Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "Ledger overloaded",

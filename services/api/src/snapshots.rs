@@ -46,7 +46,7 @@ struct TakeRequest {
     request_body(content = Option<TakeRequest>, description = "Optional"),
     responses(
         (status = 201, description = "The committed snapshot with every participant's pin and digest", body = serde_json::Value),
-        (status = 409, description = "A participant refused; recorded as SnapshotAborted"),
+        (status = 409, description = "A participant refused (recorded as SnapshotAborted), or another node of the cluster is taking a snapshot or rolling back (`holder`; nothing recorded; `Retry-After`)"),
         (status = 422, description = "ttl_ms out of range"),
         (status = 503, description = "The ttl passed before every participant pinned; recorded as SnapshotAborted")))]
 async fn take(
@@ -107,6 +107,13 @@ fn problem(e: SnapshotError) -> Problem {
         SnapshotError::Restore { .. } => {
             Problem::new(StatusCode::CONFLICT, "Rollback failed", e.to_string())
         }
+        SnapshotError::Busy { ref holder } => Problem::new(
+            StatusCode::CONFLICT,
+            "Snapshot coordinator busy",
+            e.to_string(),
+        )
+        .with("holder", json!(holder))
+        .retry_after(1),
         SnapshotError::Ledger(e) => e.into(),
     }
 }
@@ -145,7 +152,7 @@ struct RollbackRequest {
     responses(
         (status = 200, description = "The rollback record with the restored digests, and where it is in force: `in_force_on` (this node and every live node of the cluster that has applied it) and `lagging` (live nodes that had not within 2 s)", body = serde_json::Value),
         (status = 404, description = "No committed snapshot of that id"),
-        (status = 409, description = "A participant could not be restored; nothing changed"),
+        (status = 409, description = "A participant could not be restored, or another node of the cluster is taking a snapshot or rolling back (`holder`; `Retry-After`); nothing changed"),
         (status = 422, description = "Empty reason")))]
 async fn rollback(
     State(state): State<AppState>,

@@ -276,6 +276,15 @@ impl EngineRegistry {
         let Ok(mut engines) = self.engines.write() else {
             return;
         };
+        // Applying is idempotent: an engine stream's event at or below the version already
+        // applied is in the state (a node's start-up load and its follower can both meet
+        // an event written by another node while the load ran).
+        if engines
+            .get(region)
+            .is_some_and(|state| event.stream_version <= state.stream_version)
+        {
+            return;
+        }
         if event.event_type == ACTIVATION_REQUESTED {
             let request: Option<ActivationRequest> = serde_json::from_value(p).ok();
             if let Some(r) = request {

@@ -14,6 +14,7 @@
 //! the action neither repeats nor skips a step.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use aether_ledger::cluster::Fence;
 use aether_ledger::{Direction, EventStore, ExpectedVersion, LedgerError, NewEvent, RecordedEvent};
@@ -96,6 +97,9 @@ impl ControllerError {
         )
     }
 }
+
+/// How long a step snapshot waits for another node's snapshot or rollback to finish.
+const STEP_SNAPSHOT_PATIENCE: Duration = Duration::from_secs(10);
 
 /// What the last recorded check left to carry out, read back at start.
 #[derive(Default)]
@@ -547,11 +551,22 @@ impl RolloutController {
     /// Takes a consistent snapshot and records it as this step's.
     async fn snapshot_step(&mut self, cause: Option<String>) -> Result<(), ControllerError> {
         let participants = self.control.participants();
-        let snapshot = self
-            .control
-            .snapshots
-            .take(&participants, crate::snapshot::DEFAULT_TTL, &self.origin())
-            .await?;
+        // Another node taking a snapshot or rolling back holds the coordinator lease for a
+        // moment: wait for it rather than fail the step.
+        let patience = tokio::time::Instant::now() + STEP_SNAPSHOT_PATIENCE;
+        let snapshot = loop {
+            match self
+                .control
+                .snapshots
+                .take(&participants, crate::snapshot::DEFAULT_TTL, &self.origin())
+                .await
+            {
+                Err(SnapshotError::Busy { .. }) if tokio::time::Instant::now() < patience => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                other => break other?,
+            }
+        };
         self.record(vec![NewEvent::new(
             STEP_SNAPSHOT,
             json!({"step": self.step, "snapshot_id": snapshot.id, "cause": cause}),

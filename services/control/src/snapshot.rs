@@ -34,6 +34,17 @@ pub const ROLLED_BACK: &str = "RolledBack";
 /// How long prepare may take, and a pin wait for commit, unless the caller says otherwise.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 
+/// The lease that makes the snapshot coordinator a singleton in a cluster: a node takes it
+/// for the length of one snapshot or rollback, renewed while it runs, and fences the event
+/// that ends it, so two nodes never coordinate at once and one that lost the lease (paused,
+/// cut off) has its `SnapshotCommitted`, `SnapshotAborted` or `RolledBack` refused by the
+/// database.
+pub const COORDINATOR_LEASE: &str = "snapshot-coordinator";
+/// The coordinator lease's term: a node that dies mid-snapshot blocks others this long.
+const COORDINATOR_TTL: Duration = Duration::from_secs(3);
+/// How often a running snapshot or rollback renews the coordinator lease.
+const COORDINATOR_RENEW: Duration = Duration::from_secs(1);
+
 /// Participant names the coordinator files digests under.
 pub const GATEWAY: &str = "gateway";
 pub const RULES: &str = "rules";
@@ -373,6 +384,12 @@ pub enum SnapshotError {
     UnknownSnapshot(String),
     #[error("rollback failed restoring {participant}: {reason}; nothing was recorded")]
     Restore { participant: String, reason: String },
+    /// Another node of the cluster holds the coordinator lease.
+    #[error(
+        "node {holder} is taking a snapshot or rolling back (lease {COORDINATOR_LEASE}); \
+         nothing was done here: retry once it is done"
+    )]
+    Busy { holder: String },
     #[error(transparent)]
     Ledger(#[from] LedgerError),
 }
@@ -410,7 +427,99 @@ pub fn state_digest(pinned: &BTreeMap<String, Pinned>) -> Result<String, Partici
 /// How often the taking node looks at the other nodes' prepare answers.
 const ANSWERS_EVERY: Duration = Duration::from_millis(50);
 
+/// The coordinator lease while this node holds it for one snapshot or rollback (`None`
+/// on a lone node: SQLite, or a node not named in a cluster). Renewed in the background;
+/// given up when dropped.
+struct Coordinating {
+    held: Option<(u64, tokio::task::JoinHandle<()>, EventStore, String)>,
+}
+
+impl Coordinating {
+    /// Adds the lease's fence to an event's metadata, unless it carries one already: a
+    /// rollout controller's step snapshot is fenced by the controller's own lease (an event
+    /// carries one fence), which is what keeps a stale controller from writing it.
+    fn fence(&self, mut metadata: Value) -> Value {
+        if let Some((token, ..)) = &self.held
+            && metadata.get(aether_ledger::cluster::FENCE_MEMBER).is_none()
+        {
+            aether_ledger::cluster::fence(&mut metadata, COORDINATOR_LEASE, *token);
+        }
+        metadata
+    }
+}
+
+impl Coordinating {
+    /// Gives the lease up at once rather than leave it to expire, so that the next
+    /// snapshot, on any node, need not wait. Awaited before the node's next snapshot can
+    /// start (the caller still holds the node's own lock), so a release can never land
+    /// after this node took the lease again.
+    async fn release(mut self) {
+        if let Some((_, renew, store, node)) = self.held.take() {
+            renew.abort();
+            if let Err(e) = store.release_lease(COORDINATOR_LEASE, &node).await {
+                tracing::warn!(error = %e, "could not give up the snapshot coordinator lease");
+            }
+        }
+    }
+}
+
+impl Drop for Coordinating {
+    /// A snapshot or rollback dropped half way (its request cancelled) stops renewing; the
+    /// lease then expires within its term.
+    fn drop(&mut self) {
+        if let Some((_, renew, ..)) = self.held.take() {
+            renew.abort();
+        }
+    }
+}
+
 impl SnapshotCoordinator {
+    /// Takes the cluster's coordinator lease for one snapshot or rollback, or says which
+    /// node has it. A lone node (SQLite, or not named in a cluster) coordinates alone.
+    async fn coordinate(&self) -> Result<Coordinating, SnapshotError> {
+        let Some(node) = self
+            .node
+            .get()
+            .filter(|_| self.store.postgres_pool().is_some())
+        else {
+            return Ok(Coordinating { held: None });
+        };
+        let Some(token) = self
+            .store
+            .acquire_lease(COORDINATOR_LEASE, node, COORDINATOR_TTL)
+            .await?
+        else {
+            let holder = self
+                .store
+                .leases()
+                .await?
+                .into_iter()
+                .find(|l| l.name == COORDINATOR_LEASE)
+                .map_or_else(|| "?".to_owned(), |l| l.holder);
+            return Err(SnapshotError::Busy { holder });
+        };
+        let (store, holder) = (self.store.clone(), node.clone());
+        let renew = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(COORDINATOR_RENEW).await;
+                match store
+                    .acquire_lease(COORDINATOR_LEASE, &holder, COORDINATOR_TTL)
+                    .await
+                {
+                    Ok(Some(_)) => {}
+                    // Lost: the fence on the closing event makes the database refuse it.
+                    Ok(None) => return,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "renewing the snapshot coordinator lease failed")
+                    }
+                }
+            }
+        });
+        Ok(Coordinating {
+            held: Some((token, renew, self.store.clone(), node.clone())),
+        })
+    }
+
     /// Names this node in its cluster: from now on every snapshot it takes also prepares
     /// on each other live node, which must be in the same state.
     pub fn set_node(&self, node_id: &str) {
@@ -652,6 +761,21 @@ impl SnapshotCoordinator {
         origin: &Origin,
     ) -> Result<SnapshotRecord, SnapshotError> {
         let _one = self.busy.lock().await;
+        let coordinating = self.coordinate().await?;
+        let taken = self
+            .take_coordinated(participants, ttl, origin, &coordinating)
+            .await;
+        coordinating.release().await;
+        taken
+    }
+
+    async fn take_coordinated(
+        &self,
+        participants: &[Arc<dyn SnapshotParticipant>],
+        ttl: Duration,
+        origin: &Origin,
+        coordinating: &Coordinating,
+    ) -> Result<SnapshotRecord, SnapshotError> {
         let id = Uuid::now_v7();
         let deadline = Instant::now() + ttl;
         let mut tasks = tokio::task::JoinSet::new();
@@ -686,7 +810,13 @@ impl SnapshotCoordinator {
         tasks.abort_all();
         if let Some((participant, reason, timed_out)) = failure {
             return Err(self
-                .abort(id, participants, participant, reason, timed_out, origin)
+                .abort(
+                    id,
+                    participants,
+                    (participant, reason, timed_out),
+                    origin,
+                    coordinating,
+                )
                 .await);
         }
         let nodes = match self.prepare_elsewhere(id, &pinned, deadline).await {
@@ -696,10 +826,9 @@ impl SnapshotCoordinator {
                     .abort(
                         id,
                         participants,
-                        format!("node {node}"),
-                        reason,
-                        timed_out,
+                        (format!("node {node}"), reason, timed_out),
                         origin,
+                        coordinating,
                     )
                     .await);
             }
@@ -728,7 +857,7 @@ impl SnapshotCoordinator {
             payload["nodes"] = json!(nodes);
         }
         let event = NewEvent::new(SNAPSHOT_COMMITTED, payload)
-            .with_metadata(origin.metadata(json!({"snapshot_id": record.id})));
+            .with_metadata(coordinating.fence(origin.metadata(json!({"snapshot_id": record.id}))));
         let committed = match self
             .store
             .append(SNAPSHOT_STREAM, ExpectedVersion::Any, vec![event])
@@ -755,21 +884,23 @@ impl SnapshotCoordinator {
             .ok_or(SnapshotError::UnknownSnapshot(record.id))
     }
 
+    /// Records `SnapshotAborted`: `failed` is the participant (or node), why, and whether
+    /// the ttl passed.
     async fn abort(
         &self,
         id: Uuid,
         participants: &[Arc<dyn SnapshotParticipant>],
-        participant: String,
-        reason: String,
-        timed_out: bool,
+        failed: (String, String, bool),
         origin: &Origin,
+        coordinating: &Coordinating,
     ) -> SnapshotError {
+        let (participant, reason, timed_out) = failed;
         release(participants, id).await;
         let event = NewEvent::new(
             SNAPSHOT_ABORTED,
             json!({"id": id.to_string(), "reason": reason, "participant": participant}),
         )
-        .with_metadata(origin.metadata(json!({})));
+        .with_metadata(coordinating.fence(origin.metadata(json!({}))));
         if let Err(e) = self
             .store
             .append(SNAPSHOT_STREAM, ExpectedVersion::Any, vec![event])
@@ -796,6 +927,22 @@ impl SnapshotCoordinator {
         origin: &Origin,
     ) -> Result<RollbackRecord, SnapshotError> {
         let _one = self.busy.lock().await;
+        let coordinating = self.coordinate().await?;
+        let rolled_back = self
+            .rollback_coordinated(participants, target, reason, origin, &coordinating)
+            .await;
+        coordinating.release().await;
+        rolled_back
+    }
+
+    async fn rollback_coordinated(
+        &self,
+        participants: &[Arc<dyn SnapshotParticipant>],
+        target: &str,
+        reason: &str,
+        origin: &Origin,
+        coordinating: &Coordinating,
+    ) -> Result<RollbackRecord, SnapshotError> {
         let snapshot = self
             .resolve(target)
             .ok_or_else(|| SnapshotError::UnknownSnapshot(target.to_owned()))?;
@@ -844,8 +991,9 @@ impl SnapshotCoordinator {
                 .then(|| snapshot.participants.get(GATEWAY).map(|p| p.version.clone()))
                 .flatten(),
         });
-        let event = NewEvent::new(ROLLED_BACK, payload)
-            .with_metadata(origin.metadata(json!({"snapshot_id": snapshot.id})));
+        let event = NewEvent::new(ROLLED_BACK, payload).with_metadata(
+            coordinating.fence(origin.metadata(json!({"snapshot_id": snapshot.id}))),
+        );
         let committed = match self
             .store
             .append(SNAPSHOT_STREAM, ExpectedVersion::Any, vec![event])

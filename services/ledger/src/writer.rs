@@ -158,6 +158,25 @@ impl Gatherer {
         self.queue.extend(accepted);
     }
 
+    /// Takes every append waiting now (queued, or in the channel without waiting), for a
+    /// failure they share: while the database is unreachable, appends that queued behind a
+    /// failed attempt fail with it instead of each waiting out an attempt of their own.
+    fn drain_waiting(&mut self) -> Vec<Pending> {
+        let mut waiting: Vec<Pending> = self.queue.drain(..).collect();
+        while !self.done() {
+            let msg = match self.rx.try_recv() {
+                Ok(m) => Some(m),
+                Err(mpsc::error::TryRecvError::Disconnected) => None,
+                Err(mpsc::error::TryRecvError::Empty) => break,
+            };
+            match self.accept(msg) {
+                Some(p) => waiting.push(p),
+                None => break,
+            }
+        }
+        waiting
+    }
+
     /// Hands back batches that must be planned again, ahead of everything newer.
     fn requeue(&mut self, batches: impl DoubleEndedIterator<Item = Vec<Pending>>) {
         for batch in batches.rev() {
@@ -409,11 +428,20 @@ pub(crate) async fn run(
             Err(e) => {
                 cache.invalidate();
                 tracing::error!(error = %e, "ledger cannot read its chain state");
-                let outcomes = batch
+                let mut failed = batch;
+                if matches!(
+                    e,
+                    sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed
+                ) {
+                    // Unreachable: what queued during this attempt fails with it, so that a
+                    // caller hears within one attempt (`StoreConfig::acquire_timeout`), not two.
+                    failed.extend(gatherer.drain_waiting());
+                }
+                let outcomes = failed
                     .iter()
                     .map(|_| Err(LedgerError::CommitFailed(e.to_string())))
                     .collect();
-                answer(batch, outcomes, &committed);
+                answer(failed, outcomes, &committed);
             }
         }
     }
