@@ -34,7 +34,9 @@ export RUSTC_BOOTSTRAP=1
 export CARGO_TARGET_DIR="${AETHER_FUZZ_TARGET_DIR:-$HOME/.cache/aether/target-fuzz}"
 fuzz=(cargo fuzz run --fuzz-dir fuzz/cargo-fuzz -s none)
 echo "fuzz.sh: building the instrumented targets (${targets[*]})"
-cargo fuzz build --fuzz-dir fuzz/cargo-fuzz -s none "${targets[@]}" 2>&1 | tail -n 3
+for target in "${targets[@]}"; do
+    cargo fuzz build --fuzz-dir fuzz/cargo-fuzz -s none "$target" 2>&1 | tail -n 2
+done
 
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT

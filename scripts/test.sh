@@ -29,7 +29,8 @@
 #   CARGO_TARGET_DIR               respected as is
 set -euo pipefail
 
-# --long: after the suite, the two-minute chaos run (`aether cluster chaos`), the HTTP fuzz
+# --long: after the suite, the two-minute chaos run (`aether cluster chaos`), 21 SIGKILLs of
+# a lone node under load (running, stopping and starting), the HTTP fuzz
 # test with 200 inputs per operation instead of 8, the gRPC fuzz test with 400 requests
 # instead of 60, and a minute of coverage-guided fuzzing per decoder (scripts/fuzz.sh).
 LONG=0
@@ -366,6 +367,8 @@ if [[ "$LONG" == 1 ]]; then
         --kill-every-secs 10 --s3s-fs "$AETHER_S3S_FS"
     step "the long fuzz run: 200 arbitrary inputs on every HTTP operation (seed ${AETHER_FUZZ_SEED:-default})"
     AETHER_FUZZ_CASES=200 cargo test -p aether-e2e --test fuzz_http_e2e
+    step "the long crash run: a lone node SIGKILLed 21 times under load, in its transitions too"
+    AETHER_FAULT_KILLS=21 cargo test -p aether-e2e --test faults_e2e -- sigkill_cycles --nocapture
     step "the long gRPC fuzz run: 400 arbitrary clearing requests (seed ${AETHER_FUZZ_SEED:-default})"
     AETHER_FUZZ_CASES=400 cargo test -p aether-e2e --test fuzz_grpc_e2e
     step "coverage-guided fuzzing: every decoder target 60 s under libFuzzer (scripts/fuzz.sh)"

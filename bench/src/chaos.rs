@@ -29,8 +29,8 @@ pub struct ChaosArgs {
     /// PostgreSQL server (a scratch database is created and dropped; needs CREATE DATABASE).
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     database_url: String,
-    /// Nodes in the cluster.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(2..=5))]
+    /// Nodes in the cluster (1: a lone node, killed and restarted under the same load).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=5))]
     nodes: u64,
     /// How long the load and the kills go on, seconds.
     #[arg(long, default_value_t = 120)]
@@ -52,6 +52,29 @@ pub struct ChaosArgs {
     /// Seed of the kills and the trades (default: from the clock).
     #[arg(long)]
     seed: Option<u64>,
+    /// Kill in the transitions too: the kills take turns between a running node, one
+    /// stopping (SIGTERM, then SIGKILL 20-300 ms later, mid-drain) and one starting (its
+    /// restart SIGKILLed 100-800 ms after the spawn, then started again).
+    #[arg(long)]
+    in_transitions: bool,
+}
+
+/// Where in a node's life a kill lands.
+#[derive(Clone, Copy, Debug)]
+enum KillPhase {
+    Running,
+    Stopping,
+    Starting,
+}
+
+impl KillPhase {
+    fn of(kill: usize, in_transitions: bool) -> KillPhase {
+        match (in_transitions, kill % 3) {
+            (true, 1) => KillPhase::Stopping,
+            (true, 2) => KillPhase::Starting,
+            _ => KillPhase::Running,
+        }
+    }
 }
 
 const OPERATOR: &str = "chaos-operator-token-0000000000000";
@@ -290,13 +313,32 @@ async fn chaos(args: &ChaosArgs, url: &str, tmp: &Path) -> anyhow::Result<Vec<St
         next_kill = (next_kill + every).max(Instant::now() + Duration::from_secs(1));
         let victim = rng.below(nodes as u64) as usize;
         record(&state, |s| s.live[victim] = None);
+        let phase = KillPhase::of(kills, args.in_transitions);
         if let Some(mut child) = cluster.children[victim].take() {
             if let Ok(mut v) = views.lock() {
                 v.killed(&format!("node-{victim}"));
             }
-            child.stop().await; // SIGKILL
+            match phase {
+                // SIGTERM, then SIGKILL while it drains.
+                KillPhase::Stopping => {
+                    child
+                        .terminate(Duration::from_millis(20 + rng.below(280)))
+                        .await
+                }
+                _ => child.stop().await, // SIGKILL
+            }
         }
         kills += 1;
+        // Down a while: its duties pass to another node once their leases expire.
+        tokio::time::sleep(Duration::from_millis(args.down_ms)).await;
+        if let KillPhase::Starting = phase {
+            // Dropped unfinished, the start's child is SIGKILLed (`kill_on_drop`).
+            let cut = Duration::from_millis(100 + rng.below(700));
+            let started = tokio::time::timeout(cut, cluster.start(victim)).await;
+            if let Ok(Ok(mut child)) = started {
+                child.stop().await;
+            }
+        }
         let held: Vec<String> = views
             .lock()
             .map(|v| {
@@ -307,7 +349,7 @@ async fn chaos(args: &ChaosArgs, url: &str, tmp: &Path) -> anyhow::Result<Vec<St
                     .collect()
             })
             .unwrap_or_default();
-        println!("kill {kills}: node-{victim} (holding {held:?})");
+        println!("kill {kills}: node-{victim} {phase:?} (holding {held:?})");
         let child = cluster.start(victim).await?;
         record(&state, |s| {
             s.live[victim] = Some(Endpoint {
