@@ -1,8 +1,9 @@
 //! `aether bench clearing`: clearing throughput and latency through a real `aether serve`
 //! (mTLS, SM2/SM4 session keys, rules, batching, scoring, netting and decision events on
-//! the ledger), against two baselines measured in the same run: on PostgreSQL the durable
-//! baseline (`durable`: the envelope opened, the request appended by a group commit, the
-//! answer sealed after the commit, nothing else) and a bare tonic mTLS echo server.
+//! the ledger), against two baselines measured in the same run: the durable baseline
+//! (`durable`: the envelope opened, the request appended by a group commit to the same kind
+//! of database, the answer sealed after the commit, nothing else) and a bare tonic mTLS
+//! echo server.
 //!
 //! Three processes: this one (the driver: starts `aether serve`, sets up the engine over
 //! HTTP, hosts the echo server, prints the report), the server, and a load client
@@ -275,7 +276,7 @@ struct Report {
     gateway: PhaseResult,
     echo: Option<PhaseResult>,
     ratio_to_echo: Option<f64>,
-    /// The durable baseline (PostgreSQL only).
+    /// The durable baseline (on the same kind of database as the server).
     durable: Option<PhaseResult>,
     ratio_to_durable: Option<f64>,
     /// The server's resident memory around the gateway phase.
@@ -538,22 +539,26 @@ async fn measure(
         let (echo_url, echo_stop) = start_echo(data, answer_len, b.tls_suite).await?;
         // The durable baseline appends to the same database, in a table of its own, with
         // the group commit `aether serve` runs by default (--max-batch, --max-wait-us).
-        let durable = match database {
-            Some((url, _)) => Some(
-                crate::durable::start(
-                    data,
-                    url,
-                    b.tls_suite,
-                    crate::durable::GroupCommit {
-                        max_batch: 500,
-                        max_wait: Duration::from_micros(1000),
-                    },
-                    b.durable_key_uses.unwrap_or(u64::MAX),
-                )
-                .await?,
-            ),
-            None => None,
+        // On SQLite, a database file of its own beside the server's, with the ledger's
+        // settings (one writer per file: sharing the ledger's would make each wait for
+        // the other).
+        let durable_url = match database {
+            Some((url, _)) => url.to_owned(),
+            None => format!("sqlite:{}", tmp.join("durable.db").display()),
         };
+        let durable = Some(
+            crate::durable::start(
+                data,
+                &durable_url,
+                b.tls_suite,
+                crate::durable::GroupCommit {
+                    max_batch: 500,
+                    max_wait: Duration::from_micros(1000),
+                },
+                b.durable_key_uses.unwrap_or(u64::MAX),
+            )
+            .await?,
+        );
         let client = run_client(
             b,
             data,

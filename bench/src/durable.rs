@@ -2,10 +2,12 @@
 //! can cost here. A bare tonic mTLS server, on the gateway's certificate and envelope key,
 //! that opens the member's SM4 session envelope (the gateway's own session table, replay
 //! checks included), appends the request (its bytes, and an SM3 hash chained to the
-//! previous request's) to PostgreSQL through a group commit like the ledger's (one binary
-//! `COPY` per batch of at most `max_batch` requests gathered for at most `max_wait`,
-//! `synchronous_commit` on), and answers, sealed, only after the commit. Nothing else:
-//! no rules, no scoring, no netting, no lineage, no checkpoints.
+//! previous request's) through a group commit like the ledger's (batches of at most
+//! `max_batch` requests gathered for at most `max_wait`; on PostgreSQL one binary `COPY`
+//! per batch with `synchronous_commit` on, on SQLite one multi-row `INSERT` per
+//! `BEGIN IMMEDIATE` transaction in WAL mode with `synchronous = FULL`, as the ledger writes
+//! each), and answers, sealed, only after the commit. Nothing else: no rules, no scoring,
+//! no netting, no lineage, no checkpoints.
 //!
 //! The gateway's throughput against this one says how close a decision gets to the cost
 //! of the durability it cannot do without.
@@ -201,6 +203,84 @@ impl ClearingService for Durable {
     }
 }
 
+/// One appended request: its seq, its bytes, the previous hash and its own.
+type Row<'a> = (u64, &'a [u8], [u8; 32], [u8; 32]);
+
+/// Where the baseline appends: the ledger's database kind, with the ledger's durability.
+enum Sink {
+    Postgres(PgConnection),
+    Sqlite(sqlx::SqliteConnection),
+}
+
+impl Sink {
+    async fn open(database_url: &str) -> anyhow::Result<Sink> {
+        if database_url.starts_with("sqlite:") {
+            use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+            use std::str::FromStr as _;
+            let options = SqliteConnectOptions::from_str(database_url)?
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Full);
+            let mut conn = sqlx::SqliteConnection::connect_with(&options).await?;
+            sqlx::raw_sql(&format!(
+                "DROP TABLE IF EXISTS {TABLE}; CREATE TABLE {TABLE} (seq INTEGER PRIMARY KEY, \
+                 body BLOB NOT NULL, prev_hash BLOB NOT NULL, hash BLOB NOT NULL)"
+            ))
+            .execute(&mut conn)
+            .await?;
+            return Ok(Sink::Sqlite(conn));
+        }
+        let mut conn = PgConnection::connect(database_url).await?;
+        create_table(&mut conn).await?;
+        Ok(Sink::Postgres(conn))
+    }
+
+    /// Commits one batch: `(seq, body, prev_hash, hash)` rows.
+    async fn commit(&mut self, rows: &[Row<'_>]) -> Result<(), String> {
+        match self {
+            Sink::Postgres(conn) => {
+                let copy =
+                    format!("COPY {TABLE} (seq, body, prev_hash, hash) FROM STDIN (FORMAT binary)");
+                let bytes: usize = rows.iter().map(|r| r.1.len() + 100).sum();
+                let mut data = BinaryRows::new(4, bytes);
+                for (seq, body, prev, hash) in rows {
+                    data.row().int8(*seq as i64);
+                    data.bytes(body)
+                        .and_then(|r| {
+                            r.bytes(prev)?;
+                            r.bytes(hash)
+                        })
+                        .map_err(|e| e.to_string())?;
+                }
+                commit(conn, &copy, data.finish())
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+            Sink::Sqlite(conn) => {
+                let mut tx = conn
+                    .begin_with("BEGIN IMMEDIATE")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let mut insert: sqlx::QueryBuilder<sqlx::Sqlite> = sqlx::QueryBuilder::new(
+                    format!("INSERT INTO {TABLE} (seq, body, prev_hash, hash) "),
+                );
+                insert.push_values(rows, |mut b, (seq, body, prev, hash)| {
+                    b.push_bind(*seq as i64)
+                        .push_bind(*body)
+                        .push_bind(prev.as_slice())
+                        .push_bind(hash.as_slice());
+                });
+                insert
+                    .build()
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                tx.commit().await.map_err(|e| e.to_string())
+            }
+        }
+    }
+}
+
 /// Creates the baseline's table (dropped first: every run starts empty) with the same
 /// durability as the ledger's (`synchronous_commit` on, a primary key on seq).
 async fn create_table(conn: &mut PgConnection) -> anyhow::Result<()> {
@@ -220,13 +300,8 @@ async fn create_table(conn: &mut PgConnection) -> anyhow::Result<()> {
 }
 
 /// The group commit: gathers appends as the ledger's writer does, chains their hashes,
-/// writes each batch with one binary `COPY` in one transaction, then answers its callers.
-async fn group_commit(
-    mut conn: PgConnection,
-    mut rx: mpsc::Receiver<Append>,
-    batching: GroupCommit,
-) {
-    let copy = format!("COPY {TABLE} (seq, body, prev_hash, hash) FROM STDIN (FORMAT binary)");
+/// writes each batch in one transaction, then answers its callers.
+async fn group_commit(mut sink: Sink, mut rx: mpsc::Receiver<Append>, batching: GroupCommit) {
     let (mut seq, mut prev) = (0u64, [0u8; 32]);
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
@@ -237,31 +312,19 @@ async fn group_commit(
                 _ => break,
             }
         }
-        let bytes: usize = batch.iter().map(|a| a.body.len() + 100).sum();
-        let mut rows = BinaryRows::new(4, bytes);
         let (first_seq, first_prev) = (seq, prev);
-        let mut failed = None;
+        let mut rows = Vec::with_capacity(batch.len());
         for append in &batch {
             seq += 1;
             let mut chained = Vec::with_capacity(32 + append.body.len());
             chained.extend_from_slice(&prev);
             chained.extend_from_slice(&append.body);
             let hash = aether_ledger::hashing::sm3(&chained);
-            rows.row().int8(seq as i64);
-            if let Err(e) = rows.bytes(&append.body).and_then(|r| {
-                r.bytes(&prev)?;
-                r.bytes(&hash)
-            }) {
-                failed = Some(e.to_string());
-            }
+            rows.push((seq, append.body.as_slice(), prev, hash));
             prev = hash;
         }
-        let outcome = match failed {
-            Some(e) => Err(e),
-            None => commit(&mut conn, &copy, rows.finish())
-                .await
-                .map_err(|e| e.to_string()),
-        };
+        let outcome = sink.commit(&rows).await;
+        drop(rows);
         if outcome.is_err() {
             (seq, prev) = (first_seq, first_prev);
         }
@@ -278,7 +341,8 @@ async fn commit(conn: &mut PgConnection, copy: &str, rows: Vec<u8>) -> Result<()
 }
 
 /// Serves the durable baseline on a free port with the gateway's certificate and
-/// envelope key from `data`, appending to `database_url`'s database.
+/// envelope key from `data`, appending to `database_url`'s database (`postgres://…`, or
+/// `sqlite:<file>`, made if missing).
 pub async fn start(
     data: &Path,
     database_url: &str,
@@ -288,12 +352,11 @@ pub async fn start(
 ) -> anyhow::Result<(String, tokio::sync::watch::Sender<bool>)> {
     let envelope = EnvelopeKey::from_pem_file(&data.join("keys").join("envelope.pem"))
         .context("cannot read the gateway's envelope key")?;
-    let mut conn = PgConnection::connect(database_url)
+    let sink = Sink::open(database_url)
         .await
-        .context("the durable baseline cannot connect to its database")?;
-    create_table(&mut conn).await?;
+        .context("the durable baseline cannot open its database")?;
     let (appends, rx) = mpsc::channel(QUEUE);
-    tokio::spawn(group_commit(conn, rx, batching));
+    tokio::spawn(group_commit(sink, rx, batching));
     let service = Durable {
         envelope: Arc::new(envelope),
         // The gateway's policy but for the uses a key allows (`--durable-key-uses`, default

@@ -68,6 +68,34 @@ fn ledger_bench_appends_what_it_offers_and_verifies_the_fill() {
     assert_eq!(events, 1500 + checkpoints, "{verify}");
 }
 
+/// On the embedded default the ledger bench measures against raw SQLite: the same rows
+/// inserted 500 a transaction with the ledger's durability, and the ratio.
+#[test]
+fn ledger_bench_on_sqlite_carries_its_sqlite_baseline() {
+    let report = bench(&[
+        "ledger",
+        "--database-url",
+        "sqlite:",
+        "--concurrency",
+        "1,4",
+        "--secs",
+        "1",
+        "--rate",
+        "0",
+        "--verify-events",
+        "0",
+    ]);
+    let baseline = line_starting(&report, "baseline SQLite INSERT of the same rows");
+    let rows: f64 = baseline
+        .rsplit(": ")
+        .next()
+        .and_then(|r| r.trim_end_matches(" rows/s").parse().ok())
+        .unwrap();
+    assert!(rows > 0.0, "{baseline}");
+    let ratio = line_starting(&report, "ratio at 4 appenders: ");
+    assert!(ratio.contains(&format!("/ {rows:.0} = ")), "{ratio}");
+}
+
 #[test]
 fn audit_bench_proves_exports_and_replays_on_sqlite() {
     let report = bench(&[
@@ -243,6 +271,36 @@ fn clearing_bench_decides_every_request_on_the_postgres_ledger() {
         report["lineage"]["caught_up_ms"].as_u64().is_some(),
         "lineage reached the head after the load: {}",
         report["lineage"]
+    );
+}
+
+/// On the embedded default (no `--database-url`: SQLite) the durable baseline appends to
+/// a SQLite file with the ledger's settings, and the report carries its ratio.
+#[test]
+fn clearing_bench_on_sqlite_measures_its_sqlite_durable_baseline() {
+    let stdout = bench(&[
+        "clearing",
+        "--duration-secs",
+        "1",
+        "--warmup-secs",
+        "1",
+        "--concurrency",
+        "8",
+        "--json",
+    ]);
+    let report: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+        panic!("--json prints one JSON object and nothing else ({e}):\n{stdout}")
+    });
+    let durable = &report["durable"];
+    assert!(durable["ok"].as_u64().unwrap() > 0, "{durable}");
+    assert_eq!(durable["errors"], serde_json::json!({}), "{durable}");
+    assert!(
+        durable["max_receipt_seq"].as_u64().unwrap() >= durable["ok"].as_u64().unwrap(),
+        "every answer names its committed seq: {durable}"
+    );
+    assert!(
+        report["ratio_to_durable"].as_f64().unwrap() > 0.0,
+        "{report}"
     );
 }
 
