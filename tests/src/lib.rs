@@ -290,3 +290,51 @@ pub async fn register_two_models(server: &Server, dir: &Path) {
         assert_eq!(status, 201, "{}", resp.text().await.unwrap_or_default());
     }
 }
+
+/// Runs `aether cluster chaos` with `args` against the test server (a scratch database of
+/// its own) and a real `s3s-fs`, and checks what every chaos run must print: each kind of
+/// acknowledged write in the ledger exactly once, `verify` OK with the one key, the Delta
+/// table equal to the ledger, lineage complete, and load that went through (more than 100
+/// events). Returns the report.
+pub fn chaos_run(args: &[&str]) -> String {
+    let url = aether_ledger::testing::admin_url();
+    let s3s_fs = aether_lineage::testing::s3s_fs_binary();
+    let mut all = vec!["cluster", "chaos", "--database-url", url.as_str()];
+    all.extend_from_slice(args);
+    all.extend(["--s3s-fs", s3s_fs.to_str().unwrap()]);
+    let out = run_aether(&all, &[]);
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{report}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in [
+        "Delta tables at s3://aether/chaos",
+        "every acknowledged event is in the ledger exactly once",
+        "every acknowledged policy version is in the ledger exactly once",
+        "every acknowledged decision is in the ledger exactly once",
+        "every acknowledged snapshot is in the ledger exactly once",
+        "every acknowledged rollback is in the ledger exactly once",
+        "aether verify: OK with the one cluster key",
+        "each once",
+        "every event has its OpenLineage record and Delta version",
+        "chaos: every check passed",
+    ] {
+        assert!(report.contains(line), "no {line:?} in:\n{report}");
+    }
+    let load = report
+        .lines()
+        .find(|l| l.starts_with("load: "))
+        .unwrap_or_default();
+    let events: u64 = load
+        .get("load: ".len()..)
+        .and_then(|l| l.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        events > 100,
+        "not a run that checked an empty ledger: {load}"
+    );
+    report
+}
