@@ -334,20 +334,28 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
+/// node-a with an engine active, and node-b with node-a's PKI, envelope key and checkpoint
+/// key (one set for the cluster's members and nodes), each with a data directory of its own
+/// under `dir` (`a`, `b`).
+async fn two_clearing_nodes(dir: &Path, db: &TestDatabase) -> (Server, Server) {
+    let (a_dir, b_dir) = (dir.join("a"), dir.join("b"));
+    let node_a = node(&a_dir, db, "node-a", None);
+    aether_e2e::clearing::activate(&node_a).await;
+    copy_dir(&a_dir.join("certs"), &b_dir.join("certs"));
+    copy_dir(&a_dir.join("keys"), &b_dir.join("keys"));
+    let node_b = node(&b_dir, db, "node-b", None);
+    (node_a, node_b)
+}
+
 /// The same member and request id submitted at the same moment to two nodes: the database
 /// keeps one decision, and both callers get it (one of them as a replay), every time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_decision_for_a_request_id_raced_to_two_nodes() {
-    use aether_e2e::clearing::{activate, client, decisions, trade};
+    use aether_e2e::clearing::{client, decisions, trade};
     let db = TestDatabase::create().await;
     let dir = tempfile::tempdir().unwrap();
     let (a_dir, b_dir) = (dir.path().join("a"), dir.path().join("b"));
-    let node_a = node(&a_dir, &db, "node-a", None);
-    activate(&node_a).await;
-    // One PKI, envelope key and checkpoint key for the cluster's members and nodes.
-    copy_dir(&a_dir.join("certs"), &b_dir.join("certs"));
-    copy_dir(&a_dir.join("keys"), &b_dir.join("keys"));
-    let node_b = node(&b_dir, &db, "node-b", None);
+    let (node_a, node_b) = two_clearing_nodes(dir.path(), &db).await;
     for round in 0..20i64 {
         let request_id = format!("race-{round}");
         let mut at_a = client(&node_a, &a_dir, "bank-a").await;
@@ -380,6 +388,137 @@ async fn one_decision_for_a_request_id_raced_to_two_nodes() {
         (recorded.len(), ids.len()),
         (20, 20),
         "one decision per request id"
+    );
+    assert!(node_a.terminate().success());
+    assert!(node_b.terminate().success());
+    db.drop_database().await;
+}
+
+/// A TCP relay standing in for a member's load balancer: it forwards every connection to
+/// the node it points at, and moving it to another node cuts the open connections, as a
+/// balancer that takes a node out does.
+struct Relay {
+    port: u16,
+    target: std::sync::Arc<std::sync::Mutex<String>>,
+    connections: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+impl Relay {
+    async fn start(target: &Server) -> Relay {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let target = std::sync::Arc::new(std::sync::Mutex::new(grpc_addr(target)));
+        let connections = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (to, open) = (target.clone(), connections.clone());
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let addr = to.lock().unwrap().clone();
+                open.lock().unwrap().push(tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(&addr).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                }));
+            }
+        });
+        Relay {
+            port,
+            target,
+            connections,
+        }
+    }
+
+    /// The gRPC URL of the relay, with the host name the nodes' certificate names.
+    fn url(&self, node: &Server) -> String {
+        let (base, _) = node.grpc_url.rsplit_once(':').unwrap();
+        format!("{base}:{}", self.port)
+    }
+
+    async fn move_to(&self, node: &Server) {
+        *self.target.lock().unwrap() = grpc_addr(node);
+        for connection in self.connections.lock().unwrap().drain(..) {
+            connection.abort();
+        }
+        // Let the client's connection see its end before the next call.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+fn grpc_addr(node: &Server) -> String {
+    let port = node.grpc_url.rsplit_once(':').unwrap().1;
+    format!("127.0.0.1:{port}")
+}
+
+/// A member in session mode behind a balancer that moves it from node to node: the node it
+/// lands on does not know its session key, the client re-keys there by itself, and every
+/// trade is decided once — single calls, streams and batches alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_member_moved_to_another_node_rekeys_and_loses_nothing() {
+    use aether_e2e::clearing::{decisions, trade};
+    use aether_gateway::certs::PkiLayout;
+    use aether_gateway::client::ClearingClient;
+    use aether_gateway::identity::Role;
+    use aether_gateway::tls::TlsPaths;
+    let db = TestDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let a_dir = dir.path().join("a");
+    let (node_a, node_b) = two_clearing_nodes(dir.path(), &db).await;
+    let relay = Relay::start(&node_a).await;
+    let mut member = ClearingClient::connect(
+        &relay.url(&node_a),
+        &TlsPaths::client(&PkiLayout::new(&a_dir), Role::Member, "bank-a"),
+        &a_dir.join("keys/envelope.pub.pem"),
+        "bank-a",
+    )
+    .await
+    .unwrap();
+    member.key_exchange().await.unwrap();
+    let mut keys = vec![member.session_key_id().unwrap().to_owned()];
+    let answer = member.submit("moved-0", &trade(100_001)).await.unwrap();
+    assert!(!answer.replayed);
+
+    // One call, after the balancer moved the member to node-b.
+    relay.move_to(&node_b).await;
+    let answer = member.submit("moved-1", &trade(100_002)).await.unwrap();
+    assert!(!answer.replayed, "decided at node-b, not a replay");
+    keys.push(member.session_key_id().unwrap().to_owned());
+
+    // A stream back at node-a (which never granted node-b's key).
+    relay.move_to(&node_a).await;
+    let ids: Vec<String> = (0..6).map(|k| format!("moved-stream-{k}")).collect();
+    let trades: Vec<_> = (0..6).map(|k| trade(200_000 + k)).collect();
+    let items: Vec<(&str, &_)> = ids.iter().map(String::as_str).zip(&trades).collect();
+    let outcomes = member.submit_stream(&items).await.unwrap();
+    assert_eq!(outcomes.len(), 6);
+    for outcome in &outcomes {
+        let answer = outcome.answer.as_ref().unwrap();
+        assert!(!answer.replayed, "{}", outcome.request_id);
+    }
+    keys.push(member.session_key_id().unwrap().to_owned());
+
+    // A batch at node-b again.
+    relay.move_to(&node_b).await;
+    let ids: Vec<String> = (0..6).map(|k| format!("moved-batch-{k}")).collect();
+    let items: Vec<(&str, &_)> = ids.iter().map(String::as_str).zip(&trades).collect();
+    let outcomes = member.submit_batch(&items).await.unwrap();
+    for (outcome, id) in outcomes.iter().zip(&ids) {
+        assert_eq!(&outcome.request_id, id, "a batch's outcomes keep its order");
+        assert!(!outcome.answer.as_ref().unwrap().replayed);
+    }
+    keys.push(member.session_key_id().unwrap().to_owned());
+    keys.dedup();
+    assert_eq!(keys.len(), 4, "a new session key at every move: {keys:?}");
+
+    let recorded = decisions(&node_a).await;
+    let mut ids: Vec<&str> = recorded
+        .iter()
+        .map(|e| e["metadata"]["request_id"].as_str().unwrap())
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(
+        (recorded.len(), ids.len()),
+        (14, 14),
+        "each trade decided once"
     );
     assert!(node_a.terminate().success());
     assert!(node_b.terminate().success());

@@ -35,6 +35,20 @@ pub enum ClientError {
     Answer(String),
 }
 
+impl ClientError {
+    /// Whether the gateway no longer knows the session key this call was sealed with
+    /// (unknown there — another node, or a restarted one — expired, or used up): the
+    /// refusals whose message ends "send a new KeyExchange" (ENVELOPE.md §9). Nothing was
+    /// decided for such a request, so sending it again under a new key is safe.
+    pub fn is_session_lost(&self) -> bool {
+        matches!(self, ClientError::Status { code: tonic::Code::Unauthenticated, message }
+            if message.ends_with(SESSION_LOST_SUFFIX))
+    }
+}
+
+/// How the gateway's refusals of an unknown, expired or used-up session key end.
+const SESSION_LOST_SUFFIX: &str = "send a new KeyExchange";
+
 impl From<tonic::Status> for ClientError {
     fn from(s: tonic::Status) -> Self {
         ClientError::Status {
@@ -57,6 +71,13 @@ enum Keying {
 
 /// A member's connection to the clearing gateway. Clones share the connection and the
 /// session key, so one member can have many requests in flight.
+///
+/// In session mode a call refused because the gateway does not know the session key (the
+/// connection reached another node of the cluster, or a restarted one; the key expired or
+/// was used up) is re-keyed with one `KeyExchange` and its refused requests sent once more:
+/// session keys live in the node that granted them (DEPLOYMENT.md, "Clearing on several
+/// nodes"), and nothing was decided for a request whose envelope was not opened. A clone
+/// re-keys on its own.
 #[derive(Clone)]
 pub struct ClearingClient {
     grpc: ClearingServiceClient<Channel>,
@@ -131,8 +152,35 @@ impl ClearingClient {
         Ok(grant.key_id)
     }
 
+    /// The session key's id, in session mode.
+    pub fn session_key_id(&self) -> Option<&str> {
+        match &self.keying {
+            Keying::Session { key_id, .. } => Some(key_id),
+            Keying::PerRequest => None,
+        }
+    }
+
+    /// Whether `error` means the session key must be exchanged again (session mode only).
+    fn must_rekey(&self, error: &ClientError) -> bool {
+        matches!(self.keying, Keying::Session { .. }) && error.is_session_lost()
+    }
+
     /// Submits one trade and opens the sealed answer.
     pub async fn submit(
+        &mut self,
+        request_id: &str,
+        request: &ClearingRequest,
+    ) -> Result<ClearingAnswer, ClientError> {
+        match self.submit_once(request_id, request).await {
+            Err(e) if self.must_rekey(&e) => {
+                self.key_exchange().await?;
+                self.submit_once(request_id, request).await
+            }
+            answered => answered,
+        }
+    }
+
+    async fn submit_once(
         &mut self,
         request_id: &str,
         request: &ClearingRequest,
@@ -148,6 +196,39 @@ impl ClearingClient {
     /// refusal (nothing recorded for it). An `Err` for the whole call means nothing was
     /// decided.
     pub async fn submit_batch(
+        &mut self,
+        trades: &[(&str, &ClearingRequest)],
+    ) -> Result<Vec<ItemOutcome>, ClientError> {
+        let mut outcomes = match self.submit_batch_once(trades).await {
+            Err(e) if self.must_rekey(&e) => {
+                self.key_exchange().await?;
+                return self.submit_batch_once(trades).await;
+            }
+            outcomes => outcomes?,
+        };
+        let lost = self.lost_items(&outcomes);
+        if lost.is_empty() {
+            return Ok(outcomes);
+        }
+        self.key_exchange().await?;
+        let again: Vec<(&str, &ClearingRequest)> = lost.iter().map(|&k| trades[k]).collect();
+        for (k, outcome) in lost.into_iter().zip(self.submit_batch_once(&again).await?) {
+            outcomes[k] = outcome;
+        }
+        Ok(outcomes)
+    }
+
+    /// The positions of the outcomes refused for a lost session key.
+    fn lost_items(&self, outcomes: &[ItemOutcome]) -> Vec<usize> {
+        outcomes
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| o.answer.as_ref().is_err_and(|e| self.must_rekey(e)))
+            .map(|(k, _)| k)
+            .collect()
+    }
+
+    async fn submit_batch_once(
         &mut self,
         trades: &[(&str, &ClearingRequest)],
     ) -> Result<Vec<ItemOutcome>, ClientError> {
@@ -182,6 +263,34 @@ impl ClearingClient {
     /// answer that does not belong; the outcomes received before it are in the error's
     /// place only when every trade got one.
     pub async fn submit_stream(
+        &mut self,
+        trades: &[(&str, &ClearingRequest)],
+    ) -> Result<Vec<ItemOutcome>, ClientError> {
+        let mut outcomes = match self.submit_stream_once(trades).await {
+            Err(e) if self.must_rekey(&e) => {
+                self.key_exchange().await?;
+                return self.submit_stream_once(trades).await;
+            }
+            outcomes => outcomes?,
+        };
+        let lost = self.lost_items(&outcomes);
+        if lost.is_empty() {
+            return Ok(outcomes);
+        }
+        self.key_exchange().await?;
+        let again: Vec<(&str, &ClearingRequest)> = lost
+            .iter()
+            .filter_map(|&k| trades.iter().find(|(id, _)| *id == outcomes[k].request_id))
+            .copied()
+            .collect();
+        for k in lost.into_iter().rev() {
+            outcomes.remove(k);
+        }
+        outcomes.extend(self.submit_stream_once(&again).await?);
+        Ok(outcomes)
+    }
+
+    async fn submit_stream_once(
         &mut self,
         trades: &[(&str, &ClearingRequest)],
     ) -> Result<Vec<ItemOutcome>, ClientError> {
@@ -368,5 +477,50 @@ impl CallKey {
             call.metadata_mut().insert(*name, value);
         }
         Ok(call)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(e: EnvelopeError) -> ClientError {
+        let status = match e.kind() {
+            crate::envelope::ErrorKind::Unauthenticated => {
+                tonic::Status::unauthenticated(e.to_string())
+            }
+            _ => tonic::Status::invalid_argument(e.to_string()),
+        };
+        ClientError::from(status)
+    }
+
+    /// The client re-keys on exactly the refusals of a key the gateway no longer holds;
+    /// a forged or replayed request is never sent again.
+    #[test]
+    fn a_lost_session_is_told_from_other_refusals() {
+        for lost in [
+            EnvelopeError::UnknownKeyId,
+            EnvelopeError::KeyExpired { expired_at: 1 },
+            EnvelopeError::KeyExhausted { max_uses: 10 },
+        ] {
+            assert!(refused(lost.clone()).is_session_lost(), "{lost}");
+        }
+        for other in [
+            EnvelopeError::Authentication,
+            EnvelopeError::Replayed,
+            EnvelopeError::Stale {
+                issued_at: 1,
+                now: 1000,
+                max_age: 300,
+            },
+            EnvelopeError::KeyUnwrap,
+        ] {
+            assert!(!refused(other.clone()).is_session_lost(), "{other}");
+        }
+        let elsewhere = ClientError::Status {
+            code: tonic::Code::InvalidArgument,
+            message: "unknown envelope key id; send a new KeyExchange".into(),
+        };
+        assert!(!elsewhere.is_session_lost());
     }
 }
