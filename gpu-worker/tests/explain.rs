@@ -247,13 +247,71 @@ proptest::proptest! {
     }
 }
 
+/// Every coalition's value by the walk and the side-by-side layers, against one reference
+/// forward pass per coalition, on the given weights.
+fn coalitions_match_the_reference(
+    weights: &aether_gpu_worker::artifact::MlpWeights,
+    x: &[f32; FEATURE_COUNT],
+    b: &[f32; FEATURE_COUNT],
+) -> Result<(), String> {
+    let fast = aether_gpu_worker::explain::ByInput::new(weights);
+    let mut scratch = aether_gpu_worker::explain::Scratch::default();
+    let mut values = [0f64; 256];
+    fast.coalition_values(x, b, &mut values, &mut scratch);
+    for (mask, value) in values.iter().enumerate() {
+        let mut row = *b;
+        for (g, (_, slots)) in GROUPS.iter().enumerate() {
+            if mask >> g & 1 == 1 {
+                for &i in slots.iter() {
+                    row[i] = x[i];
+                }
+            }
+        }
+        let reference = f64::from(weights.forward(&row));
+        if value.to_bits() != reference.to_bits() {
+            return Err(format!("mask {mask}: {value} against {reference}"));
+        }
+    }
+    Ok(())
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+    /// The same on networks of other shapes (widths that are not multiples of eight, one
+    /// to three hidden layers) and arbitrary weights and rows.
+    #[test]
+    fn the_coalition_values_are_the_reference_on_any_network(
+        hidden in proptest::collection::vec(1usize..21, 1..4),
+        seed in proptest::prelude::any::<u64>(),
+        x in proptest::array::uniform17(-4.0f32..4.0),
+        b in proptest::array::uniform17(-4.0f32..4.0),
+    ) {
+        let mut sizes = vec![FEATURE_COUNT];
+        sizes.extend(&hidden);
+        sizes.push(1);
+        let mut state = seed;
+        let mut draw = move || {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        };
+        let layers = sizes
+            .windows(2)
+            .map(|w| aether_gpu_worker::artifact::DenseLayer {
+                inputs: w[0],
+                outputs: w[1],
+                weight: (0..w[0] * w[1]).map(|_| draw()).collect(),
+                bias: (0..w[1]).map(|_| draw() * 0.1).collect(),
+            })
+            .collect();
+        let weights = aether_gpu_worker::artifact::MlpWeights { layers };
+        proptest::prop_assert_eq!(coalitions_match_the_reference(&weights, &x, &b), Ok(()));
+    }
+}
+
 #[test]
 fn the_coalition_walk_gives_every_coalitions_forward_pass_bit_for_bit() {
     let model = reference();
-    let weights = model.model().weights();
     let spec = model.model().spec();
-    let fast = aether_gpu_worker::explain::ByInput::new(weights);
-    let mut scratch = aether_gpu_worker::explain::Scratch::default();
     let standardise = |raw: &[f32; FEATURE_COUNT]| -> [f32; FEATURE_COUNT] {
         let n = &spec.normalisation;
         std::array::from_fn(|i| (raw[i] - n.mean[i]) / n.std[i])
@@ -262,21 +320,8 @@ fn the_coalition_walk_gives_every_coalitions_forward_pass_bit_for_bit() {
     let x = standardise(&features(&trade, &ctx));
     let (trade, ctx) = ordinary();
     let b = standardise(&features(&trade, &ctx));
-    let mut values = [0f64; 256];
-    fast.coalition_values(&x, &b, &mut values, &mut scratch);
-    for (mask, value) in values.iter().enumerate() {
-        let mut row = b;
-        for (g, (_, slots)) in GROUPS.iter().enumerate() {
-            if mask >> g & 1 == 1 {
-                for &i in slots.iter() {
-                    row[i] = x[i];
-                }
-            }
-        }
-        assert_eq!(
-            value.to_bits(),
-            f64::from(weights.forward(&row)).to_bits(),
-            "mask {mask}"
-        );
-    }
+    assert_eq!(
+        coalitions_match_the_reference(model.model().weights(), &x, &b),
+        Ok(())
+    );
 }
