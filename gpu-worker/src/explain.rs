@@ -52,8 +52,11 @@ pub const GROUPS: [(&str, &[usize]); 8] = [
 
 const PLAYERS: usize = GROUPS.len();
 const COALITIONS: usize = 1 << PLAYERS;
-/// Coalitions evaluated side by side after the first layer (one AVX2 register of f32).
+/// Coalitions evaluated side by side (one AVX2 register of f32): those that differ only in
+/// the last three groups.
 const LANES: usize = 8;
+/// The groups a block of lanes shares.
+const BLOCK_GROUPS: usize = PLAYERS - 3;
 
 /// How an explanation is computed and judged. Part of the record, so a recomputation
 /// uses exactly these.
@@ -476,8 +479,8 @@ pub struct ByInput {
 impl ByInput {
     /// f of every coalition of the 8 groups (`x` on the groups of the mask, `b`
     /// elsewhere; both standardised), into `values[mask]`. The first layer's sums are
-    /// shared: groups are contiguous and in input order, so a depth-first walk over the
-    /// groups extends each output's sum input by input exactly as a whole pass would, and
+    /// shared: groups are contiguous and in input order, so extending each output's sum
+    /// group by group (both ways at each group) is exactly what a whole pass does, and
     /// computes a prefix once for all the coalitions that share it (638 instead of 4,352
     /// input rows). Bit for bit the same values as 256 forward passes.
     pub fn coalition_values(
@@ -487,7 +490,7 @@ impl ByInput {
         values: &mut [f64; COALITIONS],
         scratch: &mut Scratch,
     ) {
-        let Some((inputs, outputs, _, _)) = self.layers.first() else {
+        let Some((inputs, _, _, _)) = self.layers.first() else {
             values.fill(f64::NAN);
             return;
         };
@@ -495,81 +498,196 @@ impl ByInput {
             values.fill(f64::NAN);
             return;
         }
-        let mut sums = vec![vec![0f32; *outputs]; PLAYERS + 1];
-        let mut hidden = vec![0f32; COALITIONS * outputs];
-        self.walk(0, 0, x, b, &mut sums, &mut hidden);
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2, checked just above.
-            unsafe { self.finish_avx2(&hidden, values, scratch) };
+            unsafe { self.coalitions_avx2(x, b, values, scratch) };
             return;
         }
-        self.finish(&hidden, values, scratch);
+        self.coalitions::<false>(x, b, values, scratch);
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    unsafe fn finish_avx2(
+    unsafe fn coalitions_avx2(
+        &self,
+        x: &[f32; FEATURE_COUNT],
+        b: &[f32; FEATURE_COUNT],
+        values: &mut [f64; COALITIONS],
+        scratch: &mut Scratch,
+    ) {
+        self.coalitions::<true>(x, b, values, scratch);
+    }
+
+    #[inline(always)]
+    fn coalitions<const AVX2: bool>(
+        &self,
+        x: &[f32; FEATURE_COUNT],
+        b: &[f32; FEATURE_COUNT],
+        values: &mut [f64; COALITIONS],
+        scratch: &mut Scratch,
+    ) {
+        let mut hidden = std::mem::take(&mut scratch.hidden);
+        self.first_layer(x, b, scratch, &mut hidden);
+        self.finish::<AVX2>(&hidden, values, scratch);
+        scratch.hidden = hidden;
+    }
+
+    /// The first layer of every coalition into `hidden` (`outputs` values per coalition,
+    /// after the bias and, with layers after it, ReLU), laid out as [`ByInput::finish`]
+    /// reads it: block `m mod 32` holds the coalitions m that agree on the first five
+    /// groups, its lane `m >> 5` says which of the last three groups they take from `x`;
+    /// `[output][lane]` in each block. The first five groups' sums are extended level by
+    /// level (level g: the 2^g prefixes over groups 0..g, by mask), the last three side by
+    /// side in the lanes.
+    #[inline(always)]
+    fn first_layer(
+        &self,
+        x: &[f32; FEATURE_COUNT],
+        b: &[f32; FEATURE_COUNT],
+        scratch: &mut Scratch,
+        hidden: &mut Vec<f32>,
+    ) {
+        let (_, outputs, by_input, bias) = &self.layers[0];
+        let outputs = *outputs;
+        let Scratch {
+            a: level, b: next, ..
+        } = scratch;
+        level.clear();
+        level.resize(outputs, 0.0);
+        for (g, (_, slots)) in GROUPS.iter().enumerate().take(BLOCK_GROUPS) {
+            let prefixes = 1 << g;
+            next.clear();
+            next.resize(2 * prefixes * outputs, 0.0);
+            for take_x in [false, true] {
+                let value = |i: usize| if take_x { x[i] } else { b[i] };
+                let (to, more) = next.split_at_mut(prefixes * outputs);
+                let to = if take_x { more } else { to };
+                for (prev, out) in level
+                    .chunks_exact(outputs)
+                    .zip(to.chunks_exact_mut(outputs))
+                {
+                    // The first input is added on the way from the level above (a copy
+                    // and then an add cost a tenth of an explanation in short copies).
+                    let Some((&i, rest)) = slots.split_first() else {
+                        out.copy_from_slice(prev);
+                        continue;
+                    };
+                    let (v, row) = (value(i), &by_input[i * outputs..][..outputs]);
+                    for ((sum, p), w) in out.iter_mut().zip(prev).zip(row) {
+                        *sum = p + w * v;
+                    }
+                    for &i in rest {
+                        let (v, row) = (value(i), &by_input[i * outputs..][..outputs]);
+                        for (sum, w) in out.iter_mut().zip(row) {
+                            *sum += w * v;
+                        }
+                    }
+                }
+            }
+            std::mem::swap(level, next);
+        }
+        // Each input of the last three groups, with its value in every lane.
+        let lane_inputs: Vec<(usize, [f32; LANES])> = GROUPS[BLOCK_GROUPS..]
+            .iter()
+            .enumerate()
+            .flat_map(|(k, (_, slots))| {
+                slots.iter().map(move |&i| {
+                    let lanes =
+                        std::array::from_fn(|lane| if lane >> k & 1 == 1 { x[i] } else { b[i] });
+                    (i, lanes)
+                })
+            })
+            .collect();
+        hidden.clear();
+        hidden.resize(COALITIONS * outputs, 0.0);
+        let more = self.layers.len() > 1;
+        for (prefix, out) in level
+            .chunks_exact(outputs)
+            .zip(hidden.chunks_exact_mut(outputs * LANES))
+        {
+            for (o, lanes) in out.chunks_exact_mut(LANES).enumerate() {
+                let mut sum = [prefix[o]; LANES];
+                for (i, v) in &lane_inputs {
+                    let w = by_input[i * outputs + o];
+                    for (s, v) in sum.iter_mut().zip(v) {
+                        *s += w * v;
+                    }
+                }
+                for s in &mut sum {
+                    *s += bias[o];
+                }
+                if more {
+                    for s in &mut sum {
+                        *s = s.max(0.0);
+                    }
+                }
+                lanes.copy_from_slice(&sum);
+            }
+        }
+    }
+
+    /// The layers after the first, for every coalition's first-layer activations (laid
+    /// out by [`ByInput::first_layer`]: blocks of [`LANES`] coalitions, `[output][lane]` in each),
+    /// a block at a time (see [`ByInput::lanes_from`]).
+    #[inline(always)]
+    fn finish<const AVX2: bool>(
         &self,
         hidden: &[f32],
         values: &mut [f64; COALITIONS],
         scratch: &mut Scratch,
     ) {
-        self.finish(hidden, values, scratch);
-    }
-
-    /// The layers after the first, for every coalition's first-layer activations,
-    /// [`LANES`] coalitions at a time (see [`ByInput::lanes_from`]).
-    #[inline(always)]
-    fn finish(&self, hidden: &[f32], values: &mut [f64; COALITIONS], scratch: &mut Scratch) {
         let width = hidden.len() / COALITIONS;
-        if self.layers.len() == 1 {
-            for (mask, value) in values.iter_mut().enumerate() {
-                *value = f64::from(
-                    hidden
-                        .get(mask * width)
-                        .copied()
-                        .map(crate::artifact::sigmoid)
-                        .unwrap_or(f32::NAN),
-                );
-            }
-            return;
-        }
-        for (block, out) in values.chunks_exact_mut(LANES).enumerate() {
-            // Transpose the block's activations to [input][lane].
-            scratch.a.clear();
-            scratch.a.resize(width * LANES, 0.0);
-            for lane in 0..LANES {
-                let h = &hidden[(block * LANES + lane) * width..][..width];
-                for (j, v) in h.iter().enumerate() {
-                    scratch.a[j * LANES + lane] = *v;
+        for block in 0..COALITIONS / LANES {
+            let input = &hidden[block * width * LANES..][..width * LANES];
+            let probabilities = if self.layers.len() == 1 {
+                let mut p = [f32::NAN; LANES];
+                for (p, z) in p.iter_mut().zip(input) {
+                    *p = crate::artifact::sigmoid(*z);
                 }
-            }
-            let probabilities = self.lanes_from(1, scratch);
-            for (value, p) in out.iter_mut().zip(probabilities) {
-                *value = f64::from(p);
+                p
+            } else {
+                self.lanes_from::<AVX2>(1, input, scratch)
+            };
+            for (lane, p) in probabilities.into_iter().enumerate() {
+                values[block | lane << BLOCK_GROUPS] = f64::from(p);
             }
         }
     }
 
     /// The layers from `first` on for [`LANES`] inputs at once, laid out `[input][lane]`
-    /// in `scratch.a`; their probabilities. Each lane is one coalition and does exactly
+    /// in `input`; their probabilities. Each lane is one coalition and does exactly
     /// the operations of [`ByInput::layers_from`] in the same order (so the same bits),
     /// but the lanes are independent: eight outputs of eight coalitions are summed side by
     /// side, which keeps the vector units busy where one coalition's sums wait on each
     /// other (4× fewer cycles per coalition on the reference model).
     #[inline(always)]
-    fn lanes_from(&self, first: usize, scratch: &mut Scratch) -> [f32; LANES] {
+    fn lanes_from<const AVX2: bool>(
+        &self,
+        first: usize,
+        input: &[f32],
+        scratch: &mut Scratch,
+    ) -> [f32; LANES] {
         const BLOCK: usize = 8;
-        let Scratch { a, b } = scratch;
+        let Scratch { a, b, .. } = scratch;
         let last = self.layers.len().saturating_sub(1);
         for (l, (inputs, outputs, by_input, bias)) in self.layers.iter().enumerate().skip(first) {
             let (inputs, outputs) = (*inputs, *outputs);
             b.clear();
             b.resize(outputs * LANES, 0.0);
-            let x = &a[..inputs * LANES];
+            let x = if l == first { input } else { &a[..] };
+            let x = &x[..inputs * LANES];
             let mut o0 = 0;
             while o0 + BLOCK <= outputs {
+                let out = &mut b[o0 * LANES..][..BLOCK * LANES];
+                #[cfg(target_arch = "x86_64")]
+                if AVX2 {
+                    // SAFETY: `AVX2` is true only under `coalitions_avx2`, which runs only where
+                    // the CPU has AVX2.
+                    unsafe { block_avx2(x, by_input, outputs, o0, out) };
+                    o0 += BLOCK;
+                    continue;
+                }
                 let mut acc = [[0f32; LANES]; BLOCK];
                 for (i, xi) in x.chunks_exact(LANES).enumerate() {
                     let w = &by_input[i * outputs + o0..][..BLOCK];
@@ -579,8 +697,8 @@ impl ByInput {
                         }
                     }
                 }
-                for (r, row) in acc.iter().enumerate() {
-                    b[(o0 + r) * LANES..][..LANES].copy_from_slice(row);
+                for (row, o) in acc.iter().zip(out.chunks_exact_mut(LANES)) {
+                    o.copy_from_slice(row);
                 }
                 o0 += BLOCK;
             }
@@ -594,10 +712,14 @@ impl ByInput {
                 }
                 b[o * LANES..][..LANES].copy_from_slice(&sum);
             }
+            let relu = l < last;
             for (o, bias) in bias.iter().enumerate().take(outputs) {
-                for sum in &mut b[o * LANES..][..LANES] {
+                let row = &mut b[o * LANES..][..LANES];
+                for sum in row.iter_mut() {
                     *sum += bias;
-                    if l < last {
+                }
+                if relu {
+                    for sum in row.iter_mut() {
                         *sum = sum.max(0.0);
                     }
                 }
@@ -612,50 +734,41 @@ impl ByInput {
         }
         out
     }
+}
 
-    /// The first layer of every coalition, depth first over the groups, into `hidden`
-    /// (`outputs` values per coalition, after the bias and, with layers after it, ReLU).
-    fn walk(
-        &self,
-        group: usize,
-        mask: usize,
-        x: &[f32; FEATURE_COUNT],
-        b: &[f32; FEATURE_COUNT],
-        sums: &mut [Vec<f32>],
-        hidden: &mut [f32],
-    ) {
-        let (_, outputs, by_input, bias) = &self.layers[0];
-        if group == PLAYERS {
-            let more = self.layers.len() > 1;
-            let out = &mut hidden[mask * outputs..(mask + 1) * outputs];
-            for ((h, s), bias) in out.iter_mut().zip(&sums[PLAYERS]).zip(bias) {
-                let z = s + bias;
-                *h = if more { z.max(0.0) } else { z };
-            }
-            return;
+/// Eight outputs (from `o0`) of [`LANES`] inputs laid out `[input][lane]`, into `out`
+/// (`[output][lane]`), before bias: one register per output, the lanes side by side. A
+/// product and a sum each round on their own (no fused multiply-add), in input order from
+/// 0, as [`MlpWeights::forward`] does. (Written out because the compiler, left to itself,
+/// vectorised across the outputs and spent its time shuffling.)
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn block_avx2(x: &[f32], by_input: &[f32], outputs: usize, o0: usize, out: &mut [f32]) {
+    use std::arch::x86_64::{
+        __m256, _mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_set1_ps, _mm256_setzero_ps,
+        _mm256_storeu_ps,
+    };
+    let mut acc: [__m256; 8] = [_mm256_setzero_ps(); 8];
+    for (i, xi) in x.chunks_exact(LANES).enumerate() {
+        // SAFETY: `xi` holds LANES = 8 floats.
+        let v = unsafe { _mm256_loadu_ps(xi.as_ptr()) };
+        let w = &by_input[i * outputs + o0..][..8];
+        for (sum, wr) in acc.iter_mut().zip(w) {
+            *sum = _mm256_add_ps(*sum, _mm256_mul_ps(_mm256_set1_ps(*wr), v));
         }
-        for take_x in [false, true] {
-            let (done, rest) = sums.split_at_mut(group + 1);
-            let next = &mut rest[0];
-            next.copy_from_slice(&done[group]);
-            for &i in GROUPS[group].1 {
-                let v = if take_x { x[i] } else { b[i] };
-                let row = &by_input[i * outputs..(i + 1) * outputs];
-                for (sum, w) in next.iter_mut().zip(row) {
-                    *sum += w * v;
-                }
-            }
-            let mask = if take_x { mask | (1 << group) } else { mask };
-            self.walk(group + 1, mask, x, b, sums, hidden);
-        }
+    }
+    for (sum, o) in acc.iter().zip(out.chunks_exact_mut(LANES)) {
+        // SAFETY: `o` holds LANES = 8 floats.
+        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), *sum) };
     }
 }
 
-/// Two activation buffers reused across forward passes.
+/// Buffers reused across forward passes and coalition walks.
 #[derive(Default)]
 pub struct Scratch {
     a: Vec<f32>,
     b: Vec<f32>,
+    hidden: Vec<f32>,
 }
 
 impl ByInput {
@@ -705,7 +818,7 @@ impl ByInput {
     /// The layers from `first` on, their input in `scratch.a`; the probability.
     #[inline(always)]
     fn layers_from(&self, first: usize, scratch: &mut Scratch) -> f32 {
-        let Scratch { a, b } = scratch;
+        let Scratch { a, b, .. } = scratch;
         let last = self.layers.len().saturating_sub(1);
         for (l, (inputs, outputs, by_input, bias)) in self.layers.iter().enumerate().skip(first) {
             b.clear();
@@ -753,15 +866,17 @@ pub fn shapley_from_values(v: &[f64; COALITIONS]) -> [f64; PLAYERS] {
     for k in 1..=PLAYERS {
         factorial[k] = factorial[k - 1] * k as f64;
     }
+    let weight: [f64; PLAYERS] = std::array::from_fn(|size| {
+        factorial[size] * factorial[PLAYERS - size - 1] / factorial[PLAYERS]
+    });
+    // Masks outside, players inside: each φᵢ still adds its terms in mask order.
     let mut phi = [0f64; PLAYERS];
-    for (i, p) in phi.iter_mut().enumerate() {
-        for mask in 0..COALITIONS {
-            if mask & (1 << i) != 0 {
-                continue;
+    for (mask, at) in v.iter().enumerate() {
+        let w = weight[(mask.count_ones() as usize).min(PLAYERS - 1)];
+        for (i, p) in phi.iter_mut().enumerate() {
+            if mask & (1 << i) == 0 {
+                *p += w * (v[mask | (1 << i)] - at);
             }
-            let size = mask.count_ones() as usize;
-            let weight = factorial[size] * factorial[PLAYERS - size - 1] / factorial[PLAYERS];
-            *p += weight * (v[mask | (1 << i)] - v[mask]);
         }
     }
     phi

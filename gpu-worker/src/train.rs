@@ -205,6 +205,9 @@ impl SplitMix64 {
     /// Uniform integer in lo..=hi (`lo` when the range is empty).
     pub fn int(&mut self, lo: u64, hi: u64) -> u64 {
         match (hi.checked_sub(lo)).and_then(|span| span.checked_add(1)) {
+            // A power of two by a mask: the same number, without a 64-bit division
+            // (6,400 of them were a tenth of an explanation's bootstrap).
+            Some(n) if hi > lo && n.is_power_of_two() => lo + (self.next_u64() & (n - 1)),
             Some(n) if hi > lo => lo + self.next_u64() % n,
             _ => lo,
         }
