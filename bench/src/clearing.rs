@@ -73,7 +73,8 @@ pub struct ClearingBench {
     /// where the targets were measured; past it the extra requests only queue.
     #[arg(long, default_value_t = 256)]
     concurrency: usize,
-    /// mTLS channels (HTTP/2 connections) the tasks share, alternating members.
+    /// mTLS channels (HTTP/2 connections) the tasks share, alternating members; with
+    /// `--nodes`, rounded up to a multiple of the nodes so that each gets as many.
     #[arg(long, default_value_t = 4)]
     channels: usize,
     /// The server's batch delay (`aether serve --batch-delay-us`).
@@ -1195,7 +1196,7 @@ async fn client_main(args: ClientArgs) -> anyhow::Result<()> {
             "{}: {} tasks over {} channels, {} s warm-up + {} s measured…",
             target.name(),
             args.concurrency,
-            args.channels,
+            channels_over(args.channels, &url),
             args.warmup_secs,
             args.duration_secs
         );
@@ -1268,6 +1269,14 @@ async fn connect(
     Ok(ClearingServiceClient::new(channel))
 }
 
+/// The channels opened to the gateways of `urls` (comma-separated): as many on each node
+/// of a cluster — 4 over 3 nodes would give one node half the load — so `wanted` rounded
+/// up to a multiple of the nodes (6 there).
+fn channels_over(wanted: usize, urls: &str) -> usize {
+    let nodes = urls.split(',').filter(|u| !u.is_empty()).count().max(1);
+    wanted.div_ceil(nodes) * nodes
+}
+
 async fn phase(
     args: &ClientArgs,
     target: Target,
@@ -1279,8 +1288,9 @@ async fn phase(
     let urls: Vec<&str> = url.split(',').filter(|u| !u.is_empty()).collect();
     // One session key per channel, shared by its tasks, as a member's client would: the
     // gateway keeps at most 64 keys per member and retires the oldest past that.
-    let mut channels = Vec::with_capacity(args.channels);
-    for i in 0..args.channels {
+    let channel_count = channels_over(args.channels, url);
+    let mut channels = Vec::with_capacity(channel_count);
+    for i in 0..channel_count {
         let member = MEMBERS[i % MEMBERS.len()];
         let url = urls[i % urls.len().max(1)];
         let mut grpc = connect(url, &args.data_dir, member, args.tls_suite).await?;
@@ -1386,7 +1396,7 @@ async fn phase(
     Ok(PhaseResult {
         target: target.name().into(),
         concurrency: args.concurrency,
-        channels: args.channels,
+        channels: channel_count,
         warmup_secs: args.warmup_secs,
         duration_secs: args.duration_secs,
         ok,
@@ -1853,6 +1863,14 @@ fn loadavg() -> Option<String> {
 mod tests {
     use super::*;
     use crate::node::parse_response;
+
+    #[test]
+    fn every_node_of_a_cluster_gets_as_many_channels() {
+        assert_eq!(channels_over(4, "https://a:1"), 4);
+        assert_eq!(channels_over(4, "https://a:1,https://b:2"), 4);
+        assert_eq!(channels_over(4, "https://a:1,https://b:2,https://c:3"), 6);
+        assert_eq!(channels_over(1, "https://a:1,https://b:2,https://c:3"), 3);
+    }
 
     #[tokio::test]
     async fn the_postgres_window_counts_checkpoints_and_wal() {
