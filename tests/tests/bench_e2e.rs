@@ -173,9 +173,10 @@ fn clearing_bench_decides_every_request_on_the_postgres_ledger() {
         "8",
         "--nodes",
         "2",
-        // The baseline's keys run out every 50 requests: the load client re-keys.
+        // The baseline's keys run out every 2 requests: the load client re-keys (a
+        // handful of requests are enough however slow a busy machine makes the phase).
         "--durable-key-uses",
-        "50",
+        "2",
         "--json",
     ]);
     let report: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
@@ -234,8 +235,9 @@ fn clearing_bench_decides_every_request_on_the_postgres_ledger() {
     // answered sealed with the seq they were committed at, on the same database.
     let durable = &report["durable"];
     let durable_ok = durable["ok"].as_u64().unwrap();
+    // More requests than the 4 channels' first keys allow: keys were used up and replaced.
     assert!(
-        durable_ok > 200,
+        durable_ok > 8,
         "several keys used up and replaced: {durable}"
     );
     assert_eq!(durable["errors"], serde_json::json!({}), "{durable}");

@@ -254,12 +254,28 @@ async fn a_checkpointer_takes_over_when_the_holder_dies() {
 
 /// Two busy nodes appending to one ledger: every append goes through (none refused for a
 /// race lost to the other writer), and the chain is one. Each writer, once it has seen the
-/// other, plans and commits its batches under the append lock.
+/// other, plans and commits its batches under the append lock. Two followers on one node
+/// (as its two lineage relays) each see every event once, in order, as stored, though most
+/// come from the other node and one follower's reads serve the other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_busy_writers_get_every_append_through() {
     let db = TestDatabase::create().await;
     let a = open(&db).await;
     let b = open(&db).await;
+    let followers: Vec<_> = (0..2)
+        .map(|_| {
+            let mut subscription = a.subscribe(1);
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                while seen.len() < 5120 {
+                    for e in subscription.next_batch(500).await.unwrap() {
+                        seen.push((e.seq, e.hash, e.payload.get().to_owned()));
+                    }
+                }
+                seen
+            })
+        })
+        .collect();
     let mut tasks = Vec::new();
     for t in 0..128u64 {
         let store = if t % 2 == 0 { a.clone() } else { b.clone() };
@@ -290,6 +306,21 @@ async fn two_busy_writers_get_every_append_through() {
     assert_eq!(head(&a).await, 5120);
     let report = verify_store(&a, None, |_| {}).await.unwrap();
     assert!(report.is_ok(), "{:?}", report.failure);
+    let stored: Vec<_> = b
+        .read_all(1, 6000)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.seq, e.hash, e.payload.get().to_owned()))
+        .collect();
+    for follower in followers {
+        let seen = tokio::time::timeout(Duration::from_secs(30), follower)
+            .await
+            .expect("a follower kept up")
+            .unwrap();
+        assert_eq!(seen.len(), stored.len());
+        assert!(seen == stored, "a follower saw other events than stored");
+    }
     a.shutdown().await;
     b.shutdown().await;
     db.drop_database().await;
