@@ -347,11 +347,23 @@ async fn two_clearing_nodes(dir: &Path, db: &TestDatabase) -> (Server, Server) {
     (node_a, node_b)
 }
 
+/// How many `ClearingDecided` events the ledger holds, and for how many request ids.
+async fn decisions_and_request_ids(server: &Server) -> (usize, usize) {
+    let recorded = aether_e2e::clearing::decisions(server).await;
+    let mut ids: Vec<&str> = recorded
+        .iter()
+        .map(|e| e["metadata"]["request_id"].as_str().unwrap())
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    (recorded.len(), ids.len())
+}
+
 /// The same member and request id submitted at the same moment to two nodes: the database
 /// keeps one decision, and both callers get it (one of them as a replay), every time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_decision_for_a_request_id_raced_to_two_nodes() {
-    use aether_e2e::clearing::{client, decisions, trade};
+    use aether_e2e::clearing::{client, trade};
     let db = TestDatabase::create().await;
     let dir = tempfile::tempdir().unwrap();
     let (a_dir, b_dir) = (dir.path().join("a"), dir.path().join("b"));
@@ -377,15 +389,8 @@ async fn one_decision_for_a_request_id_raced_to_two_nodes() {
             "{request_id}: one decides, the other replays"
         );
     }
-    let recorded = decisions(&node_b).await;
-    let mut ids: Vec<&str> = recorded
-        .iter()
-        .map(|e| e["metadata"]["request_id"].as_str().unwrap())
-        .collect();
-    ids.sort_unstable();
-    ids.dedup();
     assert_eq!(
-        (recorded.len(), ids.len()),
+        decisions_and_request_ids(&node_b).await,
         (20, 20),
         "one decision per request id"
     );
@@ -453,7 +458,7 @@ fn grpc_addr(node: &Server) -> String {
 /// trade is decided once — single calls, streams and batches alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_member_moved_to_another_node_rekeys_and_loses_nothing() {
-    use aether_e2e::clearing::{decisions, trade};
+    use aether_e2e::clearing::trade;
     use aether_gateway::certs::PkiLayout;
     use aether_gateway::client::ClearingClient;
     use aether_gateway::identity::Role;
@@ -508,15 +513,8 @@ async fn a_session_member_moved_to_another_node_rekeys_and_loses_nothing() {
     keys.dedup();
     assert_eq!(keys.len(), 4, "a new session key at every move: {keys:?}");
 
-    let recorded = decisions(&node_a).await;
-    let mut ids: Vec<&str> = recorded
-        .iter()
-        .map(|e| e["metadata"]["request_id"].as_str().unwrap())
-        .collect();
-    ids.sort_unstable();
-    ids.dedup();
     assert_eq!(
-        (recorded.len(), ids.len()),
+        decisions_and_request_ids(&node_a).await,
         (14, 14),
         "each trade decided once"
     );
