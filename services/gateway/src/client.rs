@@ -199,13 +199,9 @@ impl ClearingClient {
         &mut self,
         trades: &[(&str, &ClearingRequest)],
     ) -> Result<Vec<ItemOutcome>, ClientError> {
-        let mut outcomes = match self.submit_batch_once(trades).await {
-            Err(e) if self.must_rekey(&e) => {
-                self.key_exchange().await?;
-                return self.submit_batch_once(trades).await;
-            }
-            outcomes => outcomes?,
-        };
+        // A lost key refuses items, never the whole call (that is only for the caller's
+        // identity or the transport), so only refused items are sent again.
+        let mut outcomes = self.submit_batch_once(trades).await?;
         let lost = self.lost_items(&outcomes);
         if lost.is_empty() {
             return Ok(outcomes);
@@ -266,13 +262,9 @@ impl ClearingClient {
         &mut self,
         trades: &[(&str, &ClearingRequest)],
     ) -> Result<Vec<ItemOutcome>, ClientError> {
-        let mut outcomes = match self.submit_stream_once(trades).await {
-            Err(e) if self.must_rekey(&e) => {
-                self.key_exchange().await?;
-                return self.submit_stream_once(trades).await;
-            }
-            outcomes => outcomes?,
-        };
+        // A lost key refuses items, never the whole call (that is only for the caller's
+        // identity or the transport), so only refused items are sent again.
+        let mut outcomes = self.submit_stream_once(trades).await?;
         let lost = self.lost_items(&outcomes);
         if lost.is_empty() {
             return Ok(outcomes);
