@@ -313,11 +313,21 @@ impl Explainer<'_> {
         let score = self.f(x);
         let mlp = ByInput::new(self.weights);
         let xs = self.standardised(x);
-        let per_row: Vec<[f64; PLAYERS]> = rows
+        // f of every coalition against every background row: the Shapley values' games,
+        // and also every value the base value and the LIME audit ask for (f(b) is the
+        // empty coalition's, a neighbour's the value of its mask against its row), each
+        // the same bits as its own forward pass.
+        let mut scratch = Scratch::default();
+        let games: Vec<[f64; COALITIONS]> = rows
             .iter()
-            .map(|b| self.shapley_fast(&mlp, &xs, &self.standardised(b)))
+            .map(|b| {
+                let mut v = [0f64; COALITIONS];
+                mlp.coalition_values(&xs, &self.standardised(b), &mut v, &mut scratch);
+                v
+            })
             .collect();
-        let base_value = rows.iter().map(|b| self.f(b)).sum::<f64>() / rows.len() as f64;
+        let per_row = shapley_of_games(&games);
+        let base_value = games.iter().map(|v| v[0]).sum::<f64>() / rows.len() as f64;
         let phi = mean_rows(&per_row, (0..per_row.len()).collect::<Vec<_>>().as_slice());
 
         // Bootstrap over the background rows.
@@ -336,8 +346,12 @@ impl Explainer<'_> {
         let mut failures = Vec::new();
         for (g, (name, _)) in GROUPS.iter().enumerate() {
             let mut values: Vec<f64> = resampled.iter().map(|r| r[g]).collect();
-            values.sort_by(f64::total_cmp);
-            let ci95 = [values[lo_rank], values[hi_rank.min(values.len() - 1)]];
+            // The two ranks' values, as a full sort would place them (the order is total).
+            let mut at_rank = |rank: usize| {
+                let rank = rank.min(values.len() - 1);
+                *values.select_nth_unstable_by(rank, f64::total_cmp).1
+            };
+            let ci95 = [at_rank(lo_rank), at_rank(hi_rank)];
             if !at_most(ci95[1] - ci95[0], s.max_ci_width) {
                 failures.push(format!("ci_width:{name}"));
             }
@@ -352,7 +366,7 @@ impl Explainer<'_> {
             failures.insert(0, "efficiency".to_owned());
         }
 
-        let lime = self.lime(x, score, &mut rng);
+        let lime = self.lime(x, score, &games, &mut rng);
         if !below(lime.fidelity_error, s.epsilon1) {
             failures.push("fidelity".to_owned());
         }
@@ -393,13 +407,19 @@ impl Explainer<'_> {
         })
     }
 
-    fn lime(&self, x: &[f32; FEATURE_COUNT], score: f64, rng: &mut SplitMix64) -> LimeAudit {
+    /// The audit, its neighbours' values looked up in `games` (f of each coalition
+    /// against each background row).
+    fn lime(
+        &self,
+        x: &[f32; FEATURE_COUNT],
+        score: f64,
+        games: &[[f64; COALITIONS]],
+        rng: &mut SplitMix64,
+    ) -> LimeAudit {
         let rows = &self.background.rows;
         let xs = self.standardised(x);
         let n = self.settings.lime_samples;
         let all = COALITIONS - 1;
-        let mlp = ByInput::new(self.weights);
-        let mut scratch = Scratch::default();
         // Design rows [1, z′₁ … z′₈], targets and weights.
         let mut design: Vec<[f64; PLAYERS + 1]> = Vec::with_capacity(n);
         let mut targets = Vec::with_capacity(n);
@@ -434,7 +454,7 @@ impl Explainer<'_> {
                 *cell = if mask & (1 << g) != 0 { 1.0 } else { 0.0 };
             }
             design.push(row);
-            targets.push(f64::from(mlp.forward(&zs, &mut scratch)));
+            targets.push(games[b][mask]);
             weights.push(pi);
             weighted_sq += pi * d2;
         }
@@ -527,9 +547,10 @@ impl ByInput {
         values: &mut [f64; COALITIONS],
         scratch: &mut Scratch,
     ) {
+        let packs = Packs::new(x, b);
         let mut hidden = std::mem::take(&mut scratch.hidden);
-        self.first_layer(x, b, scratch, &mut hidden);
-        self.finish::<AVX2>(&hidden, values, scratch);
+        self.first_layer::<AVX2>(x, b, &packs, scratch, &mut hidden);
+        self.finish::<AVX2>(&hidden, &packs, values, scratch);
         scratch.hidden = hidden;
     }
 
@@ -541,10 +562,11 @@ impl ByInput {
     /// level (level g: the 2^g prefixes over groups 0..g, by mask), the last three side by
     /// side in the lanes.
     #[inline(always)]
-    fn first_layer(
+    fn first_layer<const AVX2: bool>(
         &self,
         x: &[f32; FEATURE_COUNT],
         b: &[f32; FEATURE_COUNT],
+        packs: &Packs,
         scratch: &mut Scratch,
         hidden: &mut Vec<f32>,
     ) {
@@ -587,27 +609,50 @@ impl ByInput {
             }
             std::mem::swap(level, next);
         }
-        // Each input of the last three groups, with its value in every lane.
+        // Each input of the last three groups, with its value in every lane (the same in
+        // every pack: lane j takes the lane groups of `packs.lane(j)`).
         let lane_inputs: Vec<(usize, [f32; LANES])> = GROUPS[BLOCK_GROUPS..]
             .iter()
             .enumerate()
             .flat_map(|(k, (_, slots))| {
                 slots.iter().map(move |&i| {
-                    let lanes =
-                        std::array::from_fn(|lane| if lane >> k & 1 == 1 { x[i] } else { b[i] });
+                    let lanes = std::array::from_fn(|j| {
+                        if packs.lane(j) >> k & 1 == 1 {
+                            x[i]
+                        } else {
+                            b[i]
+                        }
+                    });
                     (i, lanes)
                 })
             })
             .collect();
-        hidden.clear();
-        hidden.resize(COALITIONS * outputs, 0.0);
+        // Every value is written below: no clearing.
+        hidden.resize(packs.count() * outputs * LANES, 0.0);
         let more = self.layers.len() > 1;
-        for (prefix, out) in level
-            .chunks_exact(outputs)
-            .zip(hidden.chunks_exact_mut(outputs * LANES))
-        {
-            for (o, lanes) in out.chunks_exact_mut(LANES).enumerate() {
-                let mut sum = [prefix[o]; LANES];
+        for (pack, out) in hidden.chunks_exact_mut(outputs * LANES).enumerate() {
+            // The block of each run of lanes: its first-layer prefix sums.
+            let runs: [&[f32]; LANES] = std::array::from_fn(|r| {
+                let block = packs.block(pack, r * packs.lanes_per_block);
+                &level[block * outputs..][..outputs]
+            });
+            let runs = &runs[..LANES / packs.lanes_per_block];
+            let mut o0 = 0;
+            #[cfg(target_arch = "x86_64")]
+            if AVX2 {
+                while o0 + 8 <= outputs {
+                    let block = &mut out[o0 * LANES..][..8 * LANES];
+                    // SAFETY: `AVX2` is true only under `coalitions_avx2`, which runs only
+                    // where the CPU has AVX2.
+                    unsafe {
+                        first_lanes_avx2(runs, &lane_inputs, by_input, bias, more, o0, block)
+                    };
+                    o0 += 8;
+                }
+            }
+            for (o, lanes) in out.chunks_exact_mut(LANES).enumerate().skip(o0) {
+                let per_run = LANES / runs.len();
+                let mut sum: [f32; LANES] = std::array::from_fn(|j| runs[j / per_run][o]);
                 for (i, v) in &lane_inputs {
                     let w = by_input[i * outputs + o];
                     for (s, v) in sum.iter_mut().zip(v) {
@@ -634,24 +679,30 @@ impl ByInput {
     fn finish<const AVX2: bool>(
         &self,
         hidden: &[f32],
+        packs: &Packs,
         values: &mut [f64; COALITIONS],
         scratch: &mut Scratch,
     ) {
-        let width = hidden.len() / COALITIONS;
-        for block in 0..COALITIONS / LANES {
-            let input = &hidden[block * width * LANES..][..width * LANES];
+        let width = hidden.len() / (packs.count() * LANES);
+        for pack in 0..packs.count() {
+            let input = &hidden[pack * width * LANES..][..width * LANES];
             let probabilities = if self.layers.len() == 1 {
-                let mut p = [f32::NAN; LANES];
-                for (p, z) in p.iter_mut().zip(input) {
-                    *p = crate::artifact::sigmoid(*z);
+                let mut z = [f32::NAN; LANES];
+                for (z, v) in z.iter_mut().zip(input) {
+                    *z = *v;
                 }
-                p
+                crate::sigmoid8::sigmoid8(z)
             } else {
                 self.lanes_from::<AVX2>(1, input, scratch)
             };
-            for (lane, p) in probabilities.into_iter().enumerate() {
-                values[block | lane << BLOCK_GROUPS] = f64::from(p);
+            for (j, p) in probabilities.into_iter().enumerate() {
+                values[packs.block(pack, j) | packs.lane(j) << BLOCK_GROUPS] = f64::from(p);
             }
+        }
+        // The rest blend the same rows as the computed coalition without the groups on
+        // which x and b agree.
+        for mask in 0..COALITIONS {
+            values[mask] = values[mask & !packs.same];
         }
     }
 
@@ -726,13 +777,14 @@ impl ByInput {
             }
             std::mem::swap(a, b);
         }
-        let mut out = [f32::NAN; LANES];
-        if a.len() >= LANES {
-            for (p, z) in out.iter_mut().zip(&a[..LANES]) {
-                *p = crate::artifact::sigmoid(*z);
+        match a.get(..LANES) {
+            Some(z) => {
+                let mut lanes = [0f32; LANES];
+                lanes.copy_from_slice(z);
+                crate::sigmoid8::sigmoid8(lanes)
             }
+            None => [f32::NAN; LANES],
         }
-        out
     }
 }
 
@@ -760,6 +812,132 @@ unsafe fn block_avx2(x: &[f32], by_input: &[f32], outputs: usize, o0: usize, out
     for (sum, o) in acc.iter().zip(out.chunks_exact_mut(LANES)) {
         // SAFETY: `o` holds LANES = 8 floats.
         unsafe { _mm256_storeu_ps(o.as_mut_ptr(), *sum) };
+    }
+}
+
+/// The first layer's eight outputs from `o0` for a pack of [`LANES`] coalitions, into
+/// `out` (`[output][lane]`): each lane starts from the prefix sum of its run's block
+/// (`runs`: one, two, four or eight blocks, each taking as many lanes), adds the products
+/// of the last three groups' inputs (their values per lane in `lane_inputs`) in input
+/// order, then the bias, then ReLU when `relu`: what the portable loop does, with eight
+/// outputs' sums side by side (one output alone is a chain of dependent additions that
+/// keeps the vector units waiting).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn first_lanes_avx2(
+    runs: &[&[f32]],
+    lane_inputs: &[(usize, [f32; LANES])],
+    by_input: &[f32],
+    bias: &[f32],
+    relu: bool,
+    o0: usize,
+    out: &mut [f32],
+) {
+    use std::arch::x86_64::{
+        __m256, _mm_set1_ps, _mm256_add_ps, _mm256_loadu_ps, _mm256_max_ps, _mm256_mul_ps,
+        _mm256_set1_ps, _mm256_setr_m128, _mm256_setzero_ps, _mm256_storeu_ps,
+    };
+    let outputs = bias.len();
+    let per_run = LANES / runs.len();
+    // (A loop, not `array::from_fn`: its closure was not inlined.)
+    let mut acc: [__m256; 8] = [_mm256_setzero_ps(); 8];
+    for (k, sum) in acc.iter_mut().enumerate() {
+        let o = o0 + k;
+        *sum = match runs {
+            [one] => _mm256_set1_ps(one[o]),
+            [low, high] => _mm256_setr_m128(_mm_set1_ps(low[o]), _mm_set1_ps(high[o])),
+            _ => {
+                let mut lanes = [0f32; LANES];
+                for (j, lane) in lanes.iter_mut().enumerate() {
+                    *lane = runs[j / per_run][o];
+                }
+                // SAFETY: `lanes` holds LANES = 8 floats.
+                unsafe { _mm256_loadu_ps(lanes.as_ptr()) }
+            }
+        };
+    }
+    for (i, v) in lane_inputs {
+        // SAFETY: `v` holds LANES = 8 floats.
+        let v = unsafe { _mm256_loadu_ps(v.as_ptr()) };
+        let w = &by_input[i * outputs + o0..][..8];
+        for (sum, wr) in acc.iter_mut().zip(w) {
+            *sum = _mm256_add_ps(*sum, _mm256_mul_ps(_mm256_set1_ps(*wr), v));
+        }
+    }
+    for ((sum, o), b) in acc
+        .iter_mut()
+        .zip(out.chunks_exact_mut(LANES))
+        .zip(&bias[o0..])
+    {
+        *sum = _mm256_add_ps(*sum, _mm256_set1_ps(*b));
+        if relu {
+            // `max(s, 0)` is 0 for NaN, as `f32::max` is; ±0 either way (a zero
+            // activation's sign never reaches a later sum, which starts at +0).
+            *sum = _mm256_max_ps(*sum, _mm256_setzero_ps());
+        }
+        // SAFETY: `o` holds LANES = 8 floats.
+        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), *sum) };
+    }
+}
+
+/// Which coalitions a walk computes, eight to a register. A coalition that takes from x a
+/// group on which x and b agree bit for bit (a currency, a tier, the weekend flag often
+/// do) blends the same row as the one without it: only the coalitions taking none of
+/// those groups are computed, the others copied. They are listed block by block (block:
+/// the first five groups' mask; lane: the last three's), each block's distinct lanes
+/// side by side, and cut into packs of [`LANES`]; fewer than eight in all are repeated
+/// to fill one.
+struct Packs {
+    /// The groups on which x and b agree (bit g: group g).
+    same: usize,
+    /// Blocks without any of those groups, in order.
+    blocks: Vec<usize>,
+    /// Lane masks without any of them, in order.
+    lanes: Vec<usize>,
+    /// `lanes.len()`: 1, 2, 4 or 8.
+    lanes_per_block: usize,
+}
+
+impl Packs {
+    fn new(x: &[f32; FEATURE_COUNT], b: &[f32; FEATURE_COUNT]) -> Packs {
+        let same = GROUPS
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, slots))| slots.iter().all(|&i| x[i].to_bits() == b[i].to_bits()))
+            .fold(0usize, |mask, (g, _)| mask | 1 << g);
+        let block_same = same & ((1 << BLOCK_GROUPS) - 1);
+        let lane_same = same >> BLOCK_GROUPS;
+        let blocks: Vec<usize> = (0..COALITIONS / LANES)
+            .filter(|m| m & block_same == 0)
+            .collect();
+        let lanes: Vec<usize> = (0..LANES).filter(|l| l & lane_same == 0).collect();
+        let lanes_per_block = lanes.len();
+        Packs {
+            same,
+            blocks,
+            lanes,
+            lanes_per_block,
+        }
+    }
+
+    /// Coalitions computed (a power of two).
+    fn distinct(&self) -> usize {
+        self.blocks.len() * self.lanes_per_block
+    }
+
+    fn count(&self) -> usize {
+        self.distinct().div_ceil(LANES)
+    }
+
+    /// The block of lane `j` of `pack`.
+    fn block(&self, pack: usize, j: usize) -> usize {
+        self.blocks[((pack * LANES + j) % self.distinct()) / self.lanes_per_block]
+    }
+
+    /// The lane mask of lane `j` (the same in every pack, as eight is a multiple of the
+    /// lanes per block).
+    fn lane(&self, j: usize) -> usize {
+        self.lanes[j % self.lanes_per_block]
     }
 }
 
@@ -859,27 +1037,73 @@ impl ByInput {
     }
 }
 
-/// Shapley values of an 8-player game given every coalition's value (bit g = player g):
-/// φᵢ = Σ_{S ∌ i} |S|!(M−|S|−1)!/M! · (v(S ∪ {i}) − v(S)), summed in mask order.
-pub fn shapley_from_values(v: &[f64; COALITIONS]) -> [f64; PLAYERS] {
+/// |S|!(M−|S|−1)!/M! by coalition size |S| < M.
+fn shapley_weights() -> [f64; PLAYERS] {
     let mut factorial = [1f64; PLAYERS + 1];
     for k in 1..=PLAYERS {
         factorial[k] = factorial[k - 1] * k as f64;
     }
-    let weight: [f64; PLAYERS] = std::array::from_fn(|size| {
-        factorial[size] * factorial[PLAYERS - size - 1] / factorial[PLAYERS]
-    });
-    // Masks outside, players inside: each φᵢ still adds its terms in mask order.
+    std::array::from_fn(|size| factorial[size] * factorial[PLAYERS - size - 1] / factorial[PLAYERS])
+}
+
+/// Shapley values of an 8-player game given every coalition's value (bit g = player g):
+/// φᵢ = Σ_{S ∌ i} |S|!(M−|S|−1)!/M! · (v(S ∪ {i}) − v(S)), summed in mask order.
+pub fn shapley_from_values(v: &[f64; COALITIONS]) -> [f64; PLAYERS] {
+    let weight = shapley_weights();
+    // Masks outside, players inside: each φᵢ still adds its terms in mask order. Where
+    // the mask holds i already the term is w · (v − v) = +0, and adding +0 leaves φᵢ as
+    // it is (it starts at +0 and, rounding to nearest, never becomes −0; the values are
+    // probabilities, never infinite): so every player takes a term at every mask, without
+    // a branch, eight side by side.
     let mut phi = [0f64; PLAYERS];
     for (mask, at) in v.iter().enumerate() {
         let w = weight[(mask.count_ones() as usize).min(PLAYERS - 1)];
         for (i, p) in phi.iter_mut().enumerate() {
-            if mask & (1 << i) == 0 {
-                *p += w * (v[mask | (1 << i)] - at);
-            }
+            *p += w * (v[mask | (1 << i)] - at);
         }
     }
     phi
+}
+
+/// [`shapley_from_values`] of each game, bit for bit: four games at a time, whose sums
+/// are independent chains the CPU overlaps (one game's eight sums wait on their own
+/// additions, 256 deep).
+fn shapley_of_games(games: &[[f64; COALITIONS]]) -> Vec<[f64; PLAYERS]> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2, checked just above.
+        return unsafe { shapley_of_games_avx2(games) };
+    }
+    shapley_of_games_portable(games)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn shapley_of_games_avx2(games: &[[f64; COALITIONS]]) -> Vec<[f64; PLAYERS]> {
+    shapley_of_games_portable(games)
+}
+
+#[inline(always)]
+fn shapley_of_games_portable(games: &[[f64; COALITIONS]]) -> Vec<[f64; PLAYERS]> {
+    const AT_ONCE: usize = 4;
+    let weight = shapley_weights();
+    let mut out = Vec::with_capacity(games.len());
+    let mut four = games.chunks_exact(AT_ONCE);
+    for chunk in four.by_ref() {
+        let mut phi = [[0f64; PLAYERS]; AT_ONCE];
+        for mask in 0..COALITIONS {
+            let w = weight[(mask.count_ones() as usize).min(PLAYERS - 1)];
+            for (p, v) in phi.iter_mut().zip(chunk) {
+                let at = v[mask];
+                for (i, p) in p.iter_mut().enumerate() {
+                    *p += w * (v[mask | (1 << i)] - at);
+                }
+            }
+        }
+        out.extend(phi);
+    }
+    out.extend(four.remainder().iter().map(shapley_from_values));
+    out
 }
 
 fn mean_rows(rows: &[[f64; PLAYERS]], picks: &[usize]) -> [f64; PLAYERS] {
@@ -904,6 +1128,11 @@ fn weighted_ridge(
     let mut a = [[0f64; P + 1]; P];
     for ((row, target), weight) in x.iter().zip(y).zip(w) {
         for i in 0..P {
+            // A zero in the design row makes its terms +0 (weights are positive), which
+            // leave every sum as it is: skipped, the same bits.
+            if row[i] == 0.0 && weight.is_finite() {
+                continue;
+            }
             for j in 0..P {
                 a[i][j] += weight * row[i] * row[j];
             }

@@ -13,6 +13,7 @@ pub mod features;
 pub mod model;
 pub mod netting;
 pub mod reference;
+pub mod sigmoid8;
 pub mod trade;
 pub mod train;
 
