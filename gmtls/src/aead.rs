@@ -5,8 +5,8 @@
 //! sequence number, left-padded), as RFC 8998 §3.5.1 requires, and the additional data is the
 //! record header (RFC 8446 §5.2).
 
-use aes_gcm::aead::consts::U12;
-use aes_gcm::{AeadInOut, KeyInit};
+use ghash::GHash;
+use ghash::universal_hash::UniversalHash;
 use rustls::crypto::cipher::{
     AeadKey, InboundOpaqueMessage, InboundPlainMessage, Iv, MessageDecrypter, MessageEncrypter,
     Nonce, OutboundOpaqueMessage, OutboundPlainMessage, PrefixedPayload, Tls13AeadAlgorithm,
@@ -14,9 +14,142 @@ use rustls::crypto::cipher::{
 };
 use rustls::{ConnectionTrafficSecrets, ContentType, Error, ProtocolVersion};
 
-/// SM4-GCM: RustCrypto's GCM is generic over any 128-bit block cipher; the block cipher is
-/// ours, constant time on AES-NI ([`crate::sm4ct`]).
-pub type Sm4Gcm = aes_gcm::AesGcm<crate::sm4ct::Sm4Ct, U12>;
+use crate::sm4ct::Sm4Ct;
+
+/// SM4-GCM (NIST SP 800-38D, 96-bit nonces): CTR with SM4 ([`crate::sm4ct`], constant
+/// time) and GHASH (the `ghash` crate, carry-less multiplication where the CPU has it).
+///
+/// Why not RustCrypto's generic `AesGcm<Sm4Ct>`: its counter mode encrypts the blocks
+/// left over after the last full group of eight one SM4 pass each, and the tag mask in a
+/// pass of its own; an SM4 pass costs about the same for one block as for a register group
+/// of them. Here a message's keystream, the tag mask with it, goes through the kernel in
+/// as few passes as its width allows (a 600-byte record: two passes on GFNI, five on
+/// AES-NI, against eleven). The tests check it against that generic GCM over the `sm4`
+/// crate on random inputs and against RFC 8998's example.
+#[derive(Clone)]
+pub struct Sm4Gcm {
+    sm4: Sm4Ct,
+    /// GHASH keyed with H = SM4(0¹²⁸).
+    ghash: GHash,
+}
+
+/// A tag that does not match: the message was not sent as it is, or not with this key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("SM4-GCM: the message or its tag does not match")]
+pub struct TagMismatch;
+
+/// Keystream blocks made per kernel call group (1 KiB of message).
+const CHUNK: usize = 64;
+
+impl Sm4Gcm {
+    pub fn new(key: &[u8; SM4_KEY_LEN]) -> Self {
+        let sm4 = <Sm4Ct as sm4::cipher::KeyInit>::new(key.into());
+        let mut h = [[0u8; 16]];
+        sm4.encrypt_in_place(&mut h);
+        let ghash = GHash::new(&h[0].into());
+        zeroize::Zeroize::zeroize(&mut h[0]);
+        Sm4Gcm { sm4, ghash }
+    }
+
+    /// Encrypts `buf` in place; the tag.
+    pub fn encrypt_in_place_detached(
+        &self,
+        nonce: &[u8; 12],
+        aad: &[u8],
+        buf: &mut [u8],
+    ) -> [u8; TAG_LEN] {
+        let mask = self.ctr(nonce, buf);
+        xor16(self.ghash(aad, buf), &mask)
+    }
+
+    /// Decrypts `buf` in place if `tag` is its tag; otherwise leaves it zeroed (no
+    /// unauthenticated plaintext is handed out) and says so.
+    pub fn decrypt_in_place_detached(
+        &self,
+        nonce: &[u8; 12],
+        aad: &[u8],
+        buf: &mut [u8],
+        tag: &[u8; TAG_LEN],
+    ) -> Result<(), TagMismatch> {
+        let hash = self.ghash(aad, buf);
+        let mask = self.ctr(nonce, buf);
+        let expected = xor16(hash, &mask);
+        // Constant time: every byte compared whatever the first difference.
+        let difference = expected
+            .iter()
+            .zip(tag)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+        if std::hint::black_box(difference) != 0 {
+            buf.fill(0);
+            return Err(TagMismatch);
+        }
+        Ok(())
+    }
+
+    /// XORs `data` with the keystream from counter 2 on (J₀ = nonce ‖ 1 being counter 1);
+    /// returns SM4(J₀), the tag mask, computed in the first pass with the data's.
+    fn ctr(&self, nonce: &[u8; 12], data: &mut [u8]) -> [u8; 16] {
+        let counter_block = |counter: u32| {
+            let mut block = [0u8; 16];
+            block[..12].copy_from_slice(nonce);
+            block[12..].copy_from_slice(&counter.to_be_bytes());
+            block
+        };
+        let mut keystream = [[0u8; 16]; CHUNK];
+        let mut mask = [0u8; 16];
+        let mut counter = 1u32;
+        let mut first = true;
+        let mut rest = data;
+        loop {
+            let start = usize::from(first);
+            let blocks = rest.len().div_ceil(16).min(CHUNK - start);
+            for ks in keystream.iter_mut().take(start + blocks) {
+                *ks = counter_block(counter);
+                counter = counter.wrapping_add(1);
+            }
+            self.sm4.encrypt_in_place(&mut keystream[..start + blocks]);
+            if first {
+                mask = keystream[0];
+                first = false;
+            }
+            let (now, later) = rest.split_at_mut(rest.len().min(blocks * 16));
+            for (byte, k) in now.iter_mut().zip(keystream[start..].as_flattened().iter()) {
+                *byte ^= k;
+            }
+            rest = later;
+            if rest.is_empty() {
+                break;
+            }
+        }
+        zeroize::Zeroize::zeroize(keystream.as_flattened_mut());
+        mask
+    }
+
+    /// GHASH_H(A, C): the AAD and the ciphertext each zero-padded to whole blocks, then
+    /// their lengths in bits, 64 bits each, big-endian.
+    fn ghash(&self, aad: &[u8], ciphertext: &[u8]) -> [u8; 16] {
+        let mut ghash = self.ghash.clone();
+        ghash.update_padded(aad);
+        ghash.update_padded(ciphertext);
+        let mut lengths = [0u8; 16];
+        lengths[..8].copy_from_slice(&(aad.len() as u64 * 8).to_be_bytes());
+        lengths[8..].copy_from_slice(&(ciphertext.len() as u64 * 8).to_be_bytes());
+        ghash.update(&[lengths.into()]);
+        ghash.finalize().into()
+    }
+}
+
+impl std::fmt::Debug for Sm4Gcm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sm4Gcm")
+            .field("kernel", &self.sm4.kernel())
+            .finish_non_exhaustive()
+    }
+}
+
+fn xor16(a: [u8; 16], b: &[u8; 16]) -> [u8; 16] {
+    std::array::from_fn(|i| a[i] ^ b[i])
+}
 
 /// SM4 key length (GB/T 32907-2016).
 pub const SM4_KEY_LEN: usize = 16;
@@ -77,14 +210,16 @@ struct Sm4GcmRecord {
 impl Sm4GcmRecord {
     fn new(key: &AeadKey, iv: Iv) -> Self {
         Self {
-            cipher: Sm4Gcm::new_from_slice(key.as_ref()).ok(),
+            cipher: <&[u8; SM4_KEY_LEN]>::try_from(key.as_ref())
+                .ok()
+                .map(Sm4Gcm::new),
             iv,
         }
     }
 
     fn from_key(key: &[u8; SM4_KEY_LEN], iv: Iv) -> Self {
         Self {
-            cipher: Some(Sm4Gcm::new(key.into())),
+            cipher: Some(Sm4Gcm::new(key)),
             iv,
         }
     }
@@ -104,9 +239,7 @@ impl MessageEncrypter for Sm4GcmRecord {
         payload.extend_from_slice(&msg.typ.to_array());
         let nonce = Nonce::new(&self.iv, seq);
         let aad = make_tls13_aad(total_len);
-        let tag = cipher
-            .encrypt_inout_detached(&nonce.0.into(), &aad, payload.as_mut().into())
-            .map_err(|_| Error::EncryptError)?;
+        let tag = cipher.encrypt_in_place_detached(&nonce.0, &aad, payload.as_mut());
         payload.extend_from_slice(&tag);
         Ok(OutboundOpaqueMessage::new(
             ContentType::ApplicationData,
@@ -135,9 +268,9 @@ impl MessageDecrypter for Sm4GcmRecord {
         let nonce = Nonce::new(&self.iv, seq);
         let aad = make_tls13_aad(len);
         let (text, tag) = payload.split_at_mut(text_len);
-        let tag = aes_gcm::Tag::try_from(&*tag).map_err(|_| Error::DecryptError)?;
+        let tag = <&[u8; TAG_LEN]>::try_from(&*tag).map_err(|_| Error::DecryptError)?;
         cipher
-            .decrypt_inout_detached(&nonce.0.into(), &aad, text.into(), &tag)
+            .decrypt_in_place_detached(&nonce.0, &aad, text, tag)
             .map_err(|_| Error::DecryptError)?;
         payload.truncate(text_len);
         msg.into_tls13_unpadded_message()

@@ -21,9 +21,10 @@
 //!
 //! # What this crate implements
 //!
-//! * [`TLS_SM4_GCM_SM3`]: SM4-GCM (RustCrypto's generic GCM over [`sm4ct::Sm4Ct`], SM4 in
-//!   constant time on the CPU's AES instructions, eight blocks at a time) with HKDF over
-//!   HMAC-SM3 (rustls' `HkdfUsingHmac`). `TLS_SM4_CCM_SM3` is not implemented.
+//! * [`TLS_SM4_GCM_SM3`]: SM4-GCM ([`aead::Sm4Gcm`]: our counter mode over
+//!   [`sm4ct::Sm4Ct`], SM4 in constant time on the CPU's GFNI or AES instructions, up to 32
+//!   blocks a pass, and the `ghash` crate's GHASH) with HKDF over HMAC-SM3 (rustls'
+//!   `HkdfUsingHmac`). `TLS_SM4_CCM_SM3` is not implemented.
 //! * [`kx::CURVE_SM2`]: curveSM2 ECDHE, 65-byte uncompressed key shares, x-coordinate shared
 //!   secret, invalid points refused; offered for TLS 1.3 only.
 //! * `sm2sig_sm3` signing ([`Sm2SigningKey`], ID [`TLS13_SM2_ID`]) from PKCS#8 or SEC1 keys,
