@@ -17,8 +17,6 @@ mod key;
 mod request_keys;
 mod session;
 
-use aes_gcm::aead::{AeadInOut, KeyInit};
-use aes_gcm::{Nonce, Tag};
 use zeroize::Zeroize;
 
 pub use aad::{Aad, Direction};
@@ -62,7 +60,7 @@ pub struct Sm4Key {
 impl Sm4Key {
     pub fn from_bytes(bytes: [u8; SM4_KEY_LEN]) -> Self {
         Sm4Key {
-            cipher: Sm4Gcm::new(&bytes.into()),
+            cipher: Sm4Gcm::new(&bytes),
             bytes,
         }
     }
@@ -88,7 +86,7 @@ impl Sm4Key {
 
 impl Drop for Sm4Key {
     fn drop(&mut self) {
-        // The cipher wipes its own round keys and GHASH key (the `zeroize` features).
+        // The cipher wipes its own round keys and GHASH key (on drop, `zeroize`).
         self.bytes.zeroize();
     }
 }
@@ -140,12 +138,7 @@ pub fn seal_with_fixed_nonce(
     buffer.extend_from_slice(plaintext);
     let tag = key
         .cipher()
-        .encrypt_inout_detached(&Nonce::from(*nonce), &aad, buffer.as_mut_slice().into())
-        // Only possible for inputs far beyond MAX_PLAINTEXT_LEN.
-        .map_err(|_| EnvelopeError::TooLarge {
-            len: plaintext.len(),
-            max: MAX_PLAINTEXT_LEN,
-        })?;
+        .encrypt_in_place_detached(nonce, &aad, buffer.as_mut_slice());
     buffer.extend_from_slice(&tag);
     Ok(buffer)
 }
@@ -163,15 +156,11 @@ pub fn open(
     check_ciphertext_len(ciphertext)?;
     let aad = aad.encode()?;
     let (body, tag) = ciphertext.split_at(ciphertext.len() - TAG_LEN);
-    let tag = Tag::try_from(tag).map_err(|_| EnvelopeError::Truncated(ciphertext.len()))?;
+    let tag =
+        <&[u8; TAG_LEN]>::try_from(tag).map_err(|_| EnvelopeError::Truncated(ciphertext.len()))?;
     let mut plaintext = body.to_vec();
     key.cipher()
-        .decrypt_inout_detached(
-            &Nonce::from(nonce),
-            &aad,
-            plaintext.as_mut_slice().into(),
-            &tag,
-        )
+        .decrypt_in_place_detached(&nonce, &aad, plaintext.as_mut_slice(), tag)
         .map_err(|_| EnvelopeError::Authentication)?;
     Ok(plaintext)
 }
