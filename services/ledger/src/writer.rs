@@ -638,8 +638,10 @@ async fn write_locked(
     contention: &mut Contention,
     requests: &[&[StreamAppend]],
 ) -> Result<(Arc<Vec<EventRow>>, Vec<RequestOutcome>), sqlx::Error> {
-    let mut locked = crate::store::postgres::LockedAppend::begin(pool).await?;
-    let plan = match plan_locked(&mut locked, cache, contention, requests).await {
+    let after = cache.head.flatten().map(|h| h.seq);
+    let (mut locked, chain) =
+        crate::store::postgres::LockedAppend::begin(pool, after, MAX_CATCH_UP_ROWS).await?;
+    let plan = match plan_locked(&mut locked, chain, cache, contention, requests).await {
         Ok(plan) => plan,
         Err(e) => {
             // The lock goes now, not when the connection is next used.
@@ -661,30 +663,31 @@ async fn write_locked(
 /// another writer changed since this one's last batch, and those the cache lacks.
 async fn plan_locked(
     locked: &mut crate::store::postgres::LockedAppend,
+    chain: crate::store::postgres::ChainInLock,
     cache: &mut ChainCache,
     contention: &mut Contention,
     requests: &[&[StreamAppend]],
 ) -> Result<Plan, sqlx::Error> {
-    let head = locked.head().await?;
+    let head = chain.head;
     let moved = match cache.head {
         Some(cached) => cached.map(|h| (h.seq, h.hash)) != head.map(|h| (h.seq, h.hash)),
         None => false,
     };
     if moved {
         // Another process appended since this one's last batch: the versions it changed
-        // are read from its rows (a short range of seqs), the rest of the cache holds.
+        // were read from its rows with the head (a short range of seqs), the rest of the
+        // cache holds.
         contention.seen();
-        let since = match (cache.head, head) {
-            (Some(Some(cached)), Some(now))
-                if now.seq > cached.seq && now.seq - cached.seq <= MAX_CATCH_UP_ROWS =>
-            {
-                Some(locked.versions_since(cached.seq, now.seq).await?)
+        let complete = match (cache.head, head) {
+            (Some(Some(cached)), Some(now)) => {
+                now.seq > cached.seq && now.seq - cached.seq <= MAX_CATCH_UP_ROWS
             }
-            _ => None,
+            _ => false,
         };
-        match since {
-            Some(changed) => cache.versions.extend(changed),
-            None => cache.invalidate(),
+        if complete {
+            cache.versions.extend(chain.versions_after);
+        } else {
+            cache.invalidate();
         }
     }
     cache.head = Some(head);

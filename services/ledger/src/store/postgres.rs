@@ -77,63 +77,119 @@ const APPEND_LOCK: i64 = 0x0061_6574_6865_7221;
 const BEGIN_SHARED: &str = "BEGIN; SELECT pg_advisory_xact_lock_shared(27414623383024161)";
 const BEGIN_EXCLUSIVE: &str = "BEGIN; SELECT pg_advisory_xact_lock(27414623383024161)";
 
-/// A transaction that holds the append lock exclusive: the chain it reads cannot move until it ends.
+/// A transaction that holds the append lock exclusive: the chain it reads cannot move until
+/// it ends. Managed by hand rather than as an sqlx transaction, so that its `BEGIN`, the
+/// lock and the first reads go in one round trip (under contention every node waits for
+/// the lock holder's round trips). Dropped unfinished, its connection is closed, not
+/// pooled: PostgreSQL then ends the transaction and frees the lock at once.
 pub(crate) struct LockedAppend {
-    tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    conn: Option<sqlx::pool::PoolConnection<sqlx::Postgres>>,
+}
+
+/// The chain as the lock holder finds it.
+pub(crate) struct ChainInLock {
+    pub(crate) head: Option<Head>,
+    /// The newest version of each stream appended to at seqs `after < seq ≤ after + max`
+    /// (see [`LockedAppend::begin`]); empty when no `after` was given.
+    pub(crate) versions_after: HashMap<String, u64>,
 }
 
 impl LockedAppend {
-    /// Begins a transaction and waits for the lock.
-    pub(crate) async fn begin(pool: &PgPool) -> Result<LockedAppend, sqlx::Error> {
-        Ok(LockedAppend {
-            tx: pool.begin_with(BEGIN_EXCLUSIVE).await?,
-        })
+    /// Begins a transaction, waits for the lock, and reads the head and, given `after`,
+    /// the versions changed in the next `max` seqs (what another writer did since this
+    /// one's last batch): one round trip. Each statement of a simple query takes its own
+    /// snapshot, so the reads see everything committed before the lock was granted.
+    pub(crate) async fn begin(
+        pool: &PgPool,
+        after: Option<u64>,
+        max: u64,
+    ) -> Result<(LockedAppend, ChainInLock), sqlx::Error> {
+        let mut locked = LockedAppend {
+            conn: Some(pool.acquire().await?),
+        };
+        // No parameters in a simple query: the bounds are integers formatted here.
+        let changed = match after {
+            Some(after) => format!(
+                " UNION ALL SELECT 1, NULL::bigint, NULL::bytea, NULL::timestamptz, stream_id, \
+                 max(stream_version) FROM events WHERE seq > {} AND seq <= {} GROUP BY stream_id",
+                seq_param(after),
+                seq_param(after.saturating_add(max)),
+            ),
+            None => String::new(),
+        };
+        let sql = format!(
+            "{BEGIN_EXCLUSIVE}; SELECT 0 AS part, seq, hash, recorded_at, NULL::text AS stream_id, \
+             NULL::bigint AS v FROM (SELECT seq, hash, recorded_at FROM events \
+             ORDER BY seq DESC LIMIT 1) AS head{changed}"
+        );
+        // A statement without arguments goes as a simple query: all of it in one message.
+        let rows = sqlx::Executor::fetch_all(locked.connection()?, sql.as_str()).await?;
+        let mut chain = ChainInLock {
+            head: None,
+            versions_after: HashMap::new(),
+        };
+        // The lock's own row has one column; the reads' rows six, `part` telling which.
+        for row in rows.iter().filter(|r| r.len() == 6) {
+            if row.try_get::<i32, _>("part")? == 0 {
+                chain.head = Some(Head {
+                    seq: row.try_get::<i64, _>("seq")? as u64,
+                    hash: hash_column(row, "hash")?,
+                    recorded_at: row.try_get("recorded_at")?,
+                });
+            } else {
+                chain.versions_after.insert(
+                    row.try_get("stream_id")?,
+                    row.try_get::<i64, _>("v")? as u64,
+                );
+            }
+        }
+        Ok((locked, chain))
     }
 
-    pub(crate) async fn head(&mut self) -> Result<Option<Head>, sqlx::Error> {
-        read_head(&mut *self.tx).await
+    fn connection(&mut self) -> Result<&mut PgConnection, sqlx::Error> {
+        self.conn
+            .as_deref_mut()
+            .ok_or_else(|| sqlx::Error::Protocol("the append lock's transaction has ended".into()))
     }
 
     pub(crate) async fn versions(
         &mut self,
         streams: &[String],
     ) -> Result<HashMap<String, u64>, sqlx::Error> {
-        read_versions(&mut *self.tx, streams).await
+        read_versions(self.connection()?, streams).await
     }
 
-    /// The newest version of every stream appended to after `after_seq`, up to `until_seq`:
-    /// what another writer changed since this one's last batch (a range of the primary key).
-    pub(crate) async fn versions_since(
-        &mut self,
-        after_seq: u64,
-        until_seq: u64,
-    ) -> Result<HashMap<String, u64>, sqlx::Error> {
-        sqlx::query(
-            "SELECT stream_id, max(stream_version) AS v FROM events \
-             WHERE seq > $1 AND seq <= $2 GROUP BY stream_id",
-        )
-        .bind(super::seq_param(after_seq))
-        .bind(super::seq_param(until_seq))
-        .fetch_all(&mut *self.tx)
-        .await?
-        .iter()
-        .map(|r| Ok((r.try_get("stream_id")?, r.try_get::<i64, _>("v")? as u64)))
-        .collect()
-    }
-
-    /// Ends the transaction without writing, releasing the lock now (a dropped transaction
-    /// would hold it until its connection is next used).
-    pub(crate) async fn release(self) -> Result<(), sqlx::Error> {
-        self.tx.rollback().await
+    /// Ends the transaction without writing, releasing the lock now.
+    pub(crate) async fn release(mut self) -> Result<(), sqlx::Error> {
+        self.end("ROLLBACK").await
     }
 
     /// Inserts the rows and commits, releasing the lock; on failure rolls back now.
     pub(crate) async fn commit(mut self, rows: &[EventRow]) -> Result<(), sqlx::Error> {
-        if let Err(e) = insert(&mut self.tx, rows).await {
-            let _ = self.tx.rollback().await;
+        if let Err(e) = insert(self.connection()?, rows).await {
+            let _ = self.end("ROLLBACK").await;
             return Err(e);
         }
-        self.tx.commit().await
+        self.end("COMMIT").await
+    }
+
+    /// Sends `statement` (COMMIT or ROLLBACK) and pools the connection again once it
+    /// succeeded; on failure the connection is closed by the drop.
+    async fn end(&mut self, statement: &str) -> Result<(), sqlx::Error> {
+        sqlx::Executor::execute(self.connection()?, statement).await?;
+        drop(self.conn.take());
+        Ok(())
+    }
+}
+
+impl Drop for LockedAppend {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            // Still inside the transaction (an error, or a cancelled append): closing the
+            // connection ends it and frees the lock; pooled, it would hold both until the
+            // connection was next used.
+            drop(conn.detach());
+        }
     }
 }
 
