@@ -488,10 +488,10 @@ pub fn round9(x: f64) -> f64 {
 }
 
 /// The MLP with each layer's weights laid out input by input (`[in][out]`), so that a
-/// layer is `inputs` passes over its outputs — which the compiler vectorises — while each
+/// layer is `inputs` passes over its outputs, eight coalitions side by side, while each
 /// output still sums its products in input order, from 0, then adds its bias: bit for bit
-/// [`MlpWeights::forward`] (a property test checks it), several times faster. Explaining
-/// one decision takes 8,448 forward passes.
+/// [`MlpWeights::forward`] (property tests check it). Explaining one decision asks for
+/// 8,192 coalition values.
 pub struct ByInput {
     layers: Vec<(usize, usize, Vec<f32>, Vec<f32>)>,
 }
@@ -965,75 +965,6 @@ impl ByInput {
             })
             .collect();
         ByInput { layers }
-    }
-
-    /// The model's probability for one standardised row. With AVX2 the same operations
-    /// run 8 outputs at a time (no fused multiply-add: each product and sum still rounds
-    /// on its own, so the bits are the same).
-    pub fn forward(&self, input: &[f32], scratch: &mut Scratch) -> f32 {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2, checked just above.
-            return unsafe { self.forward_avx2(input, scratch) };
-        }
-        self.forward_portable(input, scratch)
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    unsafe fn forward_avx2(&self, input: &[f32], scratch: &mut Scratch) -> f32 {
-        self.forward_portable(input, scratch)
-    }
-
-    #[inline(always)]
-    fn forward_portable(&self, input: &[f32], scratch: &mut Scratch) -> f32 {
-        let Scratch { a, .. } = scratch;
-        a.clear();
-        a.extend_from_slice(input);
-        self.layers_from(0, scratch)
-    }
-
-    /// The layers from `first` on, their input in `scratch.a`; the probability.
-    #[inline(always)]
-    fn layers_from(&self, first: usize, scratch: &mut Scratch) -> f32 {
-        let Scratch { a, b, .. } = scratch;
-        let last = self.layers.len().saturating_sub(1);
-        for (l, (inputs, outputs, by_input, bias)) in self.layers.iter().enumerate().skip(first) {
-            b.clear();
-            b.resize(*outputs, 0.0);
-            let x = &a[..*inputs];
-            // Eight outputs at a time in registers; each still sums over the inputs in
-            // order from 0.
-            let blocks = outputs / 8;
-            for block in 0..blocks {
-                let mut acc = [0f32; 8];
-                for (i, xi) in x.iter().enumerate() {
-                    let w = &by_input[i * outputs + block * 8..i * outputs + block * 8 + 8];
-                    for k in 0..8 {
-                        acc[k] += w[k] * xi;
-                    }
-                }
-                b[block * 8..block * 8 + 8].copy_from_slice(&acc);
-            }
-            for o in blocks * 8..*outputs {
-                let mut sum = 0f32;
-                for (i, xi) in x.iter().enumerate() {
-                    sum += by_input[i * outputs + o] * xi;
-                }
-                b[o] = sum;
-            }
-            for (sum, bias) in b.iter_mut().zip(bias) {
-                *sum += bias;
-                if l < last {
-                    *sum = sum.max(0.0);
-                }
-            }
-            std::mem::swap(a, b);
-        }
-        a.first()
-            .copied()
-            .map(crate::artifact::sigmoid)
-            .unwrap_or(f32::NAN)
     }
 }
 

@@ -229,24 +229,6 @@ fn a_batch_explains_the_marked_trades_and_those_at_the_threshold_only() {
     assert!(plain.explanations.iter().all(Option::is_none));
 }
 
-proptest::proptest! {
-    /// The input-by-input forward pass the explanations run on is the reference forward
-    /// pass bit for bit (the recorded explanations depend on it).
-    #[test]
-    fn the_fast_forward_pass_is_the_reference_bit_for_bit(
-        row in proptest::collection::vec(-20.0f32..20.0, 17),
-    ) {
-        let model = reference();
-        let weights = model.model().weights();
-        let fast = aether_gpu_worker::explain::ByInput::new(weights);
-        let mut scratch = aether_gpu_worker::explain::Scratch::default();
-        proptest::prop_assert_eq!(
-            fast.forward(&row, &mut scratch).to_bits(),
-            weights.forward(&row).to_bits()
-        );
-    }
-}
-
 /// Every coalition's value by the walk and the side-by-side layers, against one reference
 /// forward pass per coalition, on the given weights.
 fn coalitions_match_the_reference(
