@@ -23,7 +23,7 @@ use crate::sm4ct::Sm4Ct;
 /// left over after the last full group of eight one SM4 pass each, and the tag mask in a
 /// pass of its own; an SM4 pass costs about the same for one block as for a register group
 /// of them. Here a message's keystream, the tag mask with it, goes through the kernel in
-/// as few passes as its width allows (a 600-byte record: two passes on GFNI, five on
+/// as few passes as its width allows (a 600-byte record: one pass on GFNI, five on
 /// AES-NI, against eleven). The tests check it against that generic GCM over the `sm4`
 /// crate on random inputs and against RFC 8998's example.
 #[derive(Clone)]

@@ -22,7 +22,7 @@
 //! # What this crate implements
 //!
 //! * [`TLS_SM4_GCM_SM3`]: SM4-GCM ([`aead::Sm4Gcm`]: our counter mode over
-//!   [`sm4ct::Sm4Ct`], SM4 in constant time on the CPU's GFNI or AES instructions, up to 32
+//!   [`sm4ct::Sm4Ct`], SM4 in constant time on the CPU's GFNI or AES instructions, up to 48
 //!   blocks a pass, and the `ghash` crate's GHASH) with HKDF over HMAC-SM3 (rustls'
 //!   `HkdfUsingHmac`). `TLS_SM4_CCM_SM3` is not implemented.
 //! * [`kx::CURVE_SM2`]: curveSM2 ECDHE, 65-byte uncompressed key shares, x-coordinate shared
