@@ -650,38 +650,38 @@ mod gfni {
     }
 
     /// Encrypts up to [`WIDE`] blocks in place, in as many groups of sixteen as they fill
-    /// (one, two or three), whose rounds interleave.
+    /// (one, two or three), whose rounds interleave. Whole groups are loaded from and
+    /// stored to `blocks` directly; only a last, partial group goes through a padded copy.
     #[target_feature(enable = "avx512f,avx512bw,gfni")]
     pub fn encrypt(rk: &[u32; 32], blocks: &mut [[u8; 16]]) {
         let n = blocks.len().min(WIDE);
-        let mut buf = [[0u8; 16]; WIDE];
-        buf[..n].copy_from_slice(&blocks[..n]);
-        let mut groups = buf
+        let (whole, tail) = blocks[..n].split_at_mut(n - n % GROUP);
+        let mut pad = [[0u8; 16]; GROUP];
+        pad[..tail.len()].copy_from_slice(tail);
+        let partial = (!tail.is_empty()).then_some(&mut pad);
+        let mut groups = whole
             .chunks_exact_mut(GROUP)
-            .map(|g| <&mut [[u8; 16]; GROUP]>::try_from(g).expect("sixteen blocks"));
-        let (Some(first), Some(second), Some(third)) =
-            (groups.next(), groups.next(), groups.next())
-        else {
-            unreachable!("WIDE holds three groups");
-        };
-        match n.div_ceil(GROUP) {
-            0 | 1 => {
-                let [x] = rounds(rk, [load(first)]);
-                store(x, first);
+            .map(|g| <&mut [[u8; 16]; GROUP]>::try_from(g).expect("sixteen blocks"))
+            .chain(partial);
+        match (groups.next(), groups.next(), groups.next()) {
+            (Some(a), None, _) => {
+                let [x] = rounds(rk, [load(a)]);
+                store(x, a);
             }
-            2 => {
-                let [x, y] = rounds(rk, [load(first), load(second)]);
-                store(x, first);
-                store(y, second);
+            (Some(a), Some(b), None) => {
+                let [x, y] = rounds(rk, [load(a), load(b)]);
+                store(x, a);
+                store(y, b);
             }
-            _ => {
-                let [x, y, z] = rounds(rk, [load(first), load(second), load(third)]);
-                store(x, first);
-                store(y, second);
-                store(z, third);
+            (Some(a), Some(b), Some(c)) => {
+                let [x, y, z] = rounds(rk, [load(a), load(b), load(c)]);
+                store(x, a);
+                store(y, b);
+                store(z, c);
             }
+            (None, ..) => return,
         }
-        blocks[..n].copy_from_slice(&buf[..n]);
-        zeroize::Zeroize::zeroize(buf.as_flattened_mut());
+        tail.copy_from_slice(&pad[..tail.len()]);
+        zeroize::Zeroize::zeroize(pad.as_flattened_mut());
     }
 }

@@ -88,7 +88,7 @@ fn sm4_gcm_rfc8998_appendix_a1() {
 }
 
 /// Ours against the reference on random keys, nonces, associated data and lengths from
-/// empty to past two of our keystream chunks (1 KiB each), and every kind of tampering
+/// empty to past two of our keystream chunks (1.5 KiB each), and every kind of tampering
 /// refused with nothing of the plaintext left in the buffer.
 #[test]
 fn sm4_gcm_agrees_with_an_independent_gcm_and_refuses_tampering() {
