@@ -26,6 +26,10 @@ use crate::sm4ct::Sm4Ct;
 /// as few passes as its width allows (a 600-byte record: one pass on GFNI, five on
 /// AES-NI, against eleven). The tests check it against that generic GCM over the `sm4`
 /// crate on random inputs and against RFC 8998's example.
+///
+/// A message under one nonce must stay below GCM's limit of 2³² − 2 blocks (64 GiB): past
+/// it the 32-bit counter would repeat. The callers' messages are TLS records (16 KiB) and
+/// envelopes (at most 1 MiB).
 #[derive(Clone)]
 pub struct Sm4Gcm {
     sm4: Sm4Ct,
