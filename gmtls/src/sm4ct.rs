@@ -150,12 +150,9 @@ impl Sm4Ct {
                 if n > 0 {
                     let mut eight = [[0u8; 16]; 8];
                     eight[..n].copy_from_slice(tail);
-                    if n <= 4 {
-                        let mut four = [[0u8; 16]; 4];
-                        four.copy_from_slice(&eight[..4]);
+                    if let (true, Some(four)) = (n <= 4, eight.first_chunk_mut::<4>()) {
                         // SAFETY: as above.
-                        unsafe { ni::encrypt4(rk, &mut four) };
-                        eight[..4].copy_from_slice(&four);
+                        unsafe { ni::encrypt4(rk, four) };
                     } else {
                         // SAFETY: as above.
                         unsafe { ni::encrypt8(rk, &mut eight) };

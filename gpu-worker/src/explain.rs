@@ -633,10 +633,10 @@ impl ByInput {
         for (pack, out) in hidden.chunks_exact_mut(outputs * LANES).enumerate() {
             // The block of each run of lanes: its first-layer prefix sums.
             let runs: [&[f32]; LANES] = std::array::from_fn(|r| {
-                let block = packs.block(pack, r * packs.lanes_per_block);
+                let block = packs.block(pack, r * packs.lanes_per_block());
                 &level[block * outputs..][..outputs]
             });
-            let runs = &runs[..LANES / packs.lanes_per_block];
+            let runs = &runs[..LANES / packs.lanes_per_block()];
             let mut o0 = 0;
             #[cfg(target_arch = "x86_64")]
             if AVX2 {
@@ -892,10 +892,8 @@ struct Packs {
     same: usize,
     /// Blocks without any of those groups, in order.
     blocks: Vec<usize>,
-    /// Lane masks without any of them, in order.
+    /// Lane masks without any of them, in order (1, 2, 4 or 8 of them).
     lanes: Vec<usize>,
-    /// `lanes.len()`: 1, 2, 4 or 8.
-    lanes_per_block: usize,
 }
 
 impl Packs {
@@ -911,18 +909,21 @@ impl Packs {
             .filter(|m| m & block_same == 0)
             .collect();
         let lanes: Vec<usize> = (0..LANES).filter(|l| l & lane_same == 0).collect();
-        let lanes_per_block = lanes.len();
         Packs {
             same,
             blocks,
             lanes,
-            lanes_per_block,
         }
+    }
+
+    /// Lanes each block takes in a pack.
+    fn lanes_per_block(&self) -> usize {
+        self.lanes.len()
     }
 
     /// Coalitions computed (a power of two).
     fn distinct(&self) -> usize {
-        self.blocks.len() * self.lanes_per_block
+        self.blocks.len() * self.lanes_per_block()
     }
 
     fn count(&self) -> usize {
@@ -931,13 +932,13 @@ impl Packs {
 
     /// The block of lane `j` of `pack`.
     fn block(&self, pack: usize, j: usize) -> usize {
-        self.blocks[((pack * LANES + j) % self.distinct()) / self.lanes_per_block]
+        self.blocks[((pack * LANES + j) % self.distinct()) / self.lanes_per_block()]
     }
 
     /// The lane mask of lane `j` (the same in every pack, as eight is a multiple of the
     /// lanes per block).
     fn lane(&self, j: usize) -> usize {
-        self.lanes[j % self.lanes_per_block]
+        self.lanes[j % self.lanes_per_block()]
     }
 }
 
