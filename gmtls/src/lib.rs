@@ -23,8 +23,9 @@
 //!
 //! * [`TLS_SM4_GCM_SM3`]: SM4-GCM ([`aead::Sm4Gcm`]: our counter mode over
 //!   [`sm4ct::Sm4Ct`], SM4 in constant time on the CPU's GFNI or AES instructions, up to 48
-//!   blocks a pass, and the `ghash` crate's GHASH) with HKDF over HMAC-SM3 (rustls'
-//!   `HkdfUsingHmac`). `TLS_SM4_CCM_SM3` is not implemented.
+//!   blocks a pass, the counter blocks made in the registers on GFNI; GHASH on VPCLMULQDQ
+//!   sixteen blocks a reduction where the CPU has it, else the `ghash` crate's) with HKDF
+//!   over HMAC-SM3 (rustls' `HkdfUsingHmac`). `TLS_SM4_CCM_SM3` is not implemented.
 //! * [`kx::CURVE_SM2`]: curveSM2 ECDHE, 65-byte uncompressed key shares, x-coordinate shared
 //!   secret, invalid points refused; offered for TLS 1.3 only.
 //! * `sm2sig_sm3` signing ([`Sm2SigningKey`], ID [`TLS13_SM2_ID`]) from PKCS#8 or SEC1 keys,
@@ -50,6 +51,8 @@ use rustls::sign::CertifiedKey;
 pub mod aead;
 pub mod certs;
 mod error;
+#[cfg(target_arch = "x86_64")]
+mod ghash512;
 pub mod hash;
 pub mod kx;
 mod resolver;

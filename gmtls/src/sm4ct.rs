@@ -96,6 +96,15 @@ impl Sm4Ct {
         }
     }
 
+    /// The round keys where this instance runs the GFNI kernel: GCM uses its counter mode
+    /// ([`gfni_ctr`]) directly.
+    pub(crate) fn gfni_round_keys(&self) -> Option<&[u32; 32]> {
+        match &self.imp {
+            Imp::Gfni(rk) => Some(rk),
+            _ => None,
+        }
+    }
+
     /// The table-based `sm4` crate whatever the CPU: for comparing the two.
     pub fn with_tables(key: &[u8; 16]) -> Self {
         Sm4Ct {
@@ -171,6 +180,14 @@ impl Sm4Ct {
             }
         }
     }
+}
+
+/// GCM's counter mode on the GFNI kernel (see `gfni::ctr`): `data` XORed with the keystream
+/// from counter 2 on; SM4 of counter 1, the tag mask, returned.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn gfni_ctr(rk: &[u32; 32], nonce: &[u8; 12], data: &mut [u8]) -> [u8; 16] {
+    // SAFETY: round keys for the GFNI kernel exist only where `gfni::available` held.
+    unsafe { gfni::ctr(rk, nonce, data) }
 }
 
 /// The key as four big-endian words.
@@ -557,27 +574,62 @@ mod gfni {
         _mm512_gf2p8affineinv_epi64_epi8::<C2>(y, _mm512_set1_epi64(M2A))
     }
 
-    /// X₀ ⊕ L(τ(X₁ ⊕ X₂ ⊕ X₃ ⊕ rk)), L(B) = B ⊕ (B ⋘ 2) ⊕ (B ⋘ 10) ⊕ (B ⋘ 18) ⊕ (B ⋘ 24).
+    /// Byte shuffles that rotate each word left by 8, 16 and 24 bits. Hidden from the
+    /// optimiser (`black_box`): it would turn them back into bit rotations, which compete
+    /// with the GFNI instructions for one port while shuffles run on another.
+    #[derive(Clone, Copy)]
+    struct ByteRotations([__m512i; 3]);
+
+    impl ByteRotations {
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,gfni")]
+        fn new() -> Self {
+            let order = |k: i8| {
+                let at = |i: i8| (i & !3) | ((i - k) & 3);
+                _mm512_broadcast_i32x4(_mm_setr_epi8(
+                    at(0),
+                    at(1),
+                    at(2),
+                    at(3),
+                    at(4),
+                    at(5),
+                    at(6),
+                    at(7),
+                    at(8),
+                    at(9),
+                    at(10),
+                    at(11),
+                    at(12),
+                    at(13),
+                    at(14),
+                    at(15),
+                ))
+            };
+            std::hint::black_box(ByteRotations([order(1), order(2), order(3)]))
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,gfni")]
+        fn rol<const K: usize>(self, x: __m512i) -> __m512i {
+            _mm512_shuffle_epi8(x, self.0[K - 1])
+        }
+    }
+
+    /// X₀ ⊕ L(τ(a)), a = X₁ ⊕ X₂ ⊕ X₃ ⊕ rk, L(B) = B ⊕ (B ⋘ 2) ⊕ (B ⋘ 10) ⊕ (B ⋘ 18) ⊕
+    /// (B ⋘ 24), computed as B ⊕ (B ⋘ 24) ⊕ ((B ⊕ (B ⋘ 8) ⊕ (B ⋘ 16)) ⋘ 2): the whole-byte
+    /// rotations are byte shuffles, which run on another port than the bit rotation and the
+    /// GFNI instructions (one bit rotation a round instead of four).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,gfni")]
-    fn round(x0: __m512i, x1: __m512i, x2: __m512i, x3: __m512i, key: __m512i) -> __m512i {
-        const XOR3: i32 = 0x96;
-        let b = tau(_mm512_xor_si512(
-            _mm512_ternarylogic_epi32::<XOR3>(x1, x2, x3),
-            key,
-        ));
-        let low = _mm512_ternarylogic_epi32::<XOR3>(
-            b,
-            _mm512_rol_epi32::<2>(b),
-            _mm512_rol_epi32::<10>(b),
-        );
-        let high = _mm512_ternarylogic_epi32::<XOR3>(
-            x0,
-            _mm512_rol_epi32::<18>(b),
-            _mm512_rol_epi32::<24>(b),
-        );
-        _mm512_xor_si512(low, high)
+    fn round(x0: __m512i, a: __m512i, bytes: ByteRotations) -> __m512i {
+        let b = tau(a);
+        let spread = _mm512_ternarylogic_epi32::<XOR3>(b, bytes.rol::<1>(b), bytes.rol::<2>(b));
+        let high = _mm512_ternarylogic_epi32::<XOR3>(x0, b, bytes.rol::<3>(b));
+        _mm512_xor_si512(high, _mm512_rol_epi32::<2>(spread))
     }
+
+    /// `ternarylogic`'s table for a ⊕ b ⊕ c.
+    const XOR3: i32 = 0x96;
 
     /// Big-endian words, in each 128-bit lane.
     #[inline]
@@ -635,12 +687,21 @@ mod gfni {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,gfni")]
     fn rounds<const G: usize>(rk: &[u32; 32], mut x: [[__m512i; 4]; G]) -> [[__m512i; 4]; G] {
-        for k in rk.chunks_exact(4) {
-            for (j, key) in k.iter().enumerate() {
-                let key = _mm512_set1_epi32(*key as i32);
-                for g in x.iter_mut() {
-                    g[j] = round(g[j], g[(j + 1) % 4], g[(j + 2) % 4], g[(j + 3) % 4], key);
-                }
+        let bytes = ByteRotations::new();
+        // Rounds in pairs: rounds r and r + 1 both take Xᵣ₊₂ ⊕ Xᵣ₊₃, XORed once. Round r
+        // replaces register r mod 4.
+        for (pair, k) in rk.chunks_exact(2).enumerate() {
+            let (k0, k1) = (
+                _mm512_set1_epi32(k[0] as i32),
+                _mm512_set1_epi32(k[1] as i32),
+            );
+            let j = 2 * (pair % 2);
+            for g in x.iter_mut() {
+                let shared = _mm512_xor_si512(g[(j + 2) % 4], g[(j + 3) % 4]);
+                let a = _mm512_ternarylogic_epi32::<XOR3>(shared, g[j + 1], k0);
+                g[j] = round(g[j], a, bytes);
+                let a = _mm512_ternarylogic_epi32::<XOR3>(shared, g[j], k1);
+                g[j + 1] = round(g[j + 1], a, bytes);
             }
         }
         x
@@ -680,5 +741,130 @@ mod gfni {
         }
         tail.copy_from_slice(&pad[..tail.len()]);
         zeroize::Zeroize::zeroize(pad.as_flattened_mut());
+    }
+
+    /// For counter slot `s` of a group (the `s`-th block of sixteen), the 32-bit element of
+    /// a transposed register that holds that block's word: [`transpose`] puts word j of
+    /// block 4i + l at element 4l + i of register j. The map is its own inverse: element e
+    /// holds slot `element(e)`.
+    const fn element(s: usize) -> usize {
+        4 * (s % 4) + s / 4
+    }
+
+    /// GCM's counter mode (NIST SP 800-38D §6.5, 96-bit nonce) on this kernel: XORs `data`
+    /// with SM4 of the counter blocks `nonce ‖ 2`, `nonce ‖ 3`, …, and returns SM4 of
+    /// `nonce ‖ 1` (the tag mask), computed in the last pass with the data's keystream.
+    ///
+    /// The counter blocks are made in the registers, already transposed (three of the four
+    /// words are the nonce's), and the keystream never leaves them: each 64 bytes of data
+    /// are loaded, XORed and stored with a byte mask, so a partial last block needs no
+    /// padded copy and no keystream is left in memory to wipe.
+    #[target_feature(enable = "avx512f,avx512bw,gfni")]
+    pub fn ctr(rk: &[u32; 32], nonce: &[u8; 12], data: &mut [u8]) -> [u8; 16] {
+        let word = |i: usize| {
+            i32::from_be_bytes([
+                nonce[4 * i],
+                nonce[4 * i + 1],
+                nonce[4 * i + 2],
+                nonce[4 * i + 3],
+            ])
+        };
+        let fixed = [
+            _mm512_set1_epi32(word(0)),
+            _mm512_set1_epi32(word(1)),
+            _mm512_set1_epi32(word(2)),
+        ];
+        let lanes = _mm512_setr_epi32(
+            element(0) as i32,
+            element(1) as i32,
+            element(2) as i32,
+            element(3) as i32,
+            element(4) as i32,
+            element(5) as i32,
+            element(6) as i32,
+            element(7) as i32,
+            element(8) as i32,
+            element(9) as i32,
+            element(10) as i32,
+            element(11) as i32,
+            element(12) as i32,
+            element(13) as i32,
+            element(14) as i32,
+            element(15) as i32,
+        );
+        let blocks = data.len().div_ceil(16);
+        let mut mask = [0u8; 16];
+        let mut start = 0;
+        loop {
+            let here = (blocks - start).min(WIDE);
+            // The tag mask takes the slot after the last data block, in the last pass if it
+            // has room, else in a pass of its own.
+            let mask_slot = (start + here == blocks && here < WIDE).then_some(here);
+            let slots = here + usize::from(mask_slot.is_some());
+            // Counter of slot s: 2 + start + s (wrapping, as GCM's 32-bit increment).
+            let first = 2u32.wrapping_add(start as u32);
+            let group = |g: usize| {
+                let base = _mm512_set1_epi32(first.wrapping_add(16 * g as u32) as i32);
+                let mut counters = _mm512_add_epi32(base, lanes);
+                if let Some(s) = mask_slot.filter(|s| s / GROUP == g) {
+                    counters = _mm512_mask_mov_epi32(
+                        counters,
+                        1 << element(s % GROUP),
+                        _mm512_set1_epi32(1),
+                    );
+                }
+                [fixed[0], fixed[1], fixed[2], counters]
+            };
+            let mut out = |g: usize, x: [__m512i; 4]| {
+                for (i, r) in transpose([x[3], x[2], x[1], x[0]]).into_iter().enumerate() {
+                    let keystream = swap(r);
+                    let slot = GROUP * g + 4 * i;
+                    let at = (start + slot) * 16;
+                    if at < data.len() {
+                        let n = (data.len() - at).min(64);
+                        let bytes = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
+                        // SAFETY: `at` is inside `data`, and the masked load and store touch
+                        // only its `n` bytes from there (the others are masked off).
+                        unsafe {
+                            let p = data.as_mut_ptr().add(at);
+                            let text = _mm512_maskz_loadu_epi8(bytes, p.cast());
+                            _mm512_mask_storeu_epi8(
+                                p.cast(),
+                                bytes,
+                                _mm512_xor_si512(text, keystream),
+                            );
+                        }
+                    }
+                    if let Some(s) = mask_slot.filter(|s| (slot..slot + 4).contains(s)) {
+                        let mut four = [0u8; 64];
+                        // SAFETY: an unaligned store of 64 bytes into a 64-byte array.
+                        unsafe { _mm512_storeu_si512(four.as_mut_ptr().cast(), keystream) };
+                        let lane = s - slot;
+                        mask.copy_from_slice(&four[16 * lane..16 * lane + 16]);
+                    }
+                }
+            };
+            match slots.div_ceil(GROUP) {
+                1 => {
+                    let [x] = rounds(rk, [group(0)]);
+                    out(0, x);
+                }
+                2 => {
+                    let [x, y] = rounds(rk, [group(0), group(1)]);
+                    out(0, x);
+                    out(1, y);
+                }
+                _ => {
+                    let [x, y, z] = rounds(rk, [group(0), group(1), group(2)]);
+                    out(0, x);
+                    out(1, y);
+                    out(2, z);
+                }
+            }
+            start += here;
+            if mask_slot.is_some() {
+                return mask;
+            }
+        }
     }
 }
