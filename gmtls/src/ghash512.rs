@@ -1,4 +1,4 @@
-//! GHASH (NIST SP 800-38D §6.4) on VPCLMULQDQ: four blocks a register, sixteen blocks a
+//! GHASH (NIST SP 800-38D §6.4) on VPCLMULQDQ: four blocks a register, up to 64 blocks a
 //! window with one reduction.
 //!
 //! Computed as POLYVAL (RFC 8452), as the `ghash` crate does: GHASH_H(X₁ … Xₙ) =
@@ -12,7 +12,7 @@
 //! (Montgomery): adding c₀·P, c₀ being c's low 64 bits, clears them, and dividing by x⁶⁴
 //! leaves swap(c_lo) ⊕ c₀·(x⁶³ + x⁶² + x⁵⁷) below c_hi·x⁶⁴; twice, then c_hi added.
 //!
-//! A window of k ≤ 16 blocks from state S is dot(S ⊕ X₁, H′ᵏ) ⊕ dot(X₂, H′ᵏ⁻¹) ⊕ … ⊕
+//! A window of k ≤ 64 blocks from state S is dot(S ⊕ X₁, H′ᵏ) ⊕ dot(X₂, H′ᵏ⁻¹) ⊕ … ⊕
 //! dot(Xₖ, H′), the powers taken with dot: the products are summed unreduced and reduced
 //! once. The tests check the whole GCM against RustCrypto's generic GCM over the `sm4`
 //! crate, and this hash against the `ghash` crate.
@@ -21,16 +21,17 @@ use std::arch::x86_64::*;
 
 /// x⁶³ + x⁶² + x⁵⁷: P's low terms above x⁰, divided by x⁶⁴.
 const P1: i64 = 0xC200_0000_0000_0000_u64 as i64;
-/// Blocks reduced together.
-const WINDOW: usize = 16;
+/// Blocks reduced together: a TLS record of up to ~1 KiB, its associated data and lengths
+/// block with it, is one window and one reduction.
+const WINDOW: usize = 64;
 
 /// The hash key's powers.
 #[derive(Clone)]
 pub struct Powers {
-    /// H′¹⁶, H′¹⁵, …, H′¹, then sixteen zeros: block i of a window of k blocks takes the
-    /// power at 16 − k + i, so a register's four keys are four entries in a row (those past
-    /// the window's end zero).
-    h: [u128; 2 * WINDOW],
+    /// H′⁶⁴, H′⁶³, …, H′¹, then four zeros: block i of a window of k blocks takes the power
+    /// at 64 − k + i, so a register's four keys are four entries in a row (those past the
+    /// window's end zero).
+    h: Box<[u128; WINDOW + 4]>,
 }
 
 pub fn available() -> bool {
@@ -50,7 +51,9 @@ impl Powers {
         let reversed = u128::from_be_bytes(*h);
         let carry = 0u128.wrapping_sub(reversed >> 127);
         let h1 = (reversed << 1) ^ (carry & 0xC200_0000_0000_0000_0000_0000_0000_0001);
-        let mut powers = Powers { h: [0; 2 * WINDOW] };
+        let mut powers = Powers {
+            h: Box::new([0; WINDOW + 4]),
+        };
         let mut power = h1;
         for k in 1..=WINDOW {
             powers.h[WINDOW - k] = power;
@@ -69,14 +72,24 @@ impl Powers {
 
     #[target_feature(enable = "avx512f,avx512bw,vpclmulqdq,pclmulqdq")]
     fn ghash_wide(&self, aad: &[u8], ciphertext: &[u8]) -> [u8; 16] {
-        let y = self.absorb(_mm_setzero_si128(), aad);
-        let y = self.absorb(y, ciphertext);
         let lengths = _mm_set_epi64x(
             (aad.len() as u64 * 8) as i64,
             (ciphertext.len() as u64 * 8) as i64,
         );
         let h1 = load128(self.h[WINDOW - 1]);
-        let y = dot(_mm_xor_si128(y, lengths), h1);
+        let (a, c) = (aad.len().div_ceil(16), ciphertext.len().div_ceil(16));
+        let y = if a + c < WINDOW {
+            // All in one window: associated data, ciphertext and lengths block.
+            let first = WINDOW - (a + c + 1);
+            let mut sum = Products::default();
+            sum.add(aad, &self.h[first..], _mm_setzero_si128());
+            sum.add(ciphertext, &self.h[first + a..], _mm_setzero_si128());
+            sum.reduce_with(lengths, h1)
+        } else {
+            let y = self.absorb(_mm_setzero_si128(), aad);
+            let y = self.absorb(y, ciphertext);
+            Products::default().reduce_with(_mm_xor_si128(y, lengths), h1)
+        };
         let mut out = [0u8; 16];
         // SAFETY: an unaligned 16-byte store into a 16-byte array.
         unsafe { _mm_storeu_si128(out.as_mut_ptr().cast(), y) };
@@ -87,48 +100,100 @@ impl Powers {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,vpclmulqdq,pclmulqdq")]
     fn absorb(&self, mut y: __m128i, data: &[u8]) -> __m128i {
+        for window in data.chunks(16 * WINDOW) {
+            let blocks = window.len().div_ceil(16);
+            let mut sum = Products::default();
+            sum.add(window, &self.h[WINDOW - blocks..], y);
+            y = sum.reduce();
+        }
+        y
+    }
+}
+
+/// Carry-less products of blocks with their powers, summed unreduced: the low, middle and
+/// high 64-bit-aligned parts, four lanes each.
+struct Products {
+    lo: __m512i,
+    mid: __m512i,
+    hi: __m512i,
+}
+
+impl Default for Products {
+    fn default() -> Self {
+        // SAFETY: AVX-512F: a `Products` is made only inside the functions above, which
+        // run only where `available` held.
+        let zero = unsafe { _mm512_setzero_si512() };
+        Products {
+            lo: zero,
+            mid: zero,
+            hi: zero,
+        }
+    }
+}
+
+impl Products {
+    /// Adds `data`'s blocks (the last zero-padded), block i times `keys[i]`, `y` XORed into
+    /// the first block. `keys` holds at least `data`'s blocks rounded up to four.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,vpclmulqdq,pclmulqdq")]
+    fn add(&mut self, data: &[u8], keys: &[u128], y: __m128i) {
         let reverse = _mm512_broadcast_i32x4(_mm_setr_epi8(
             15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0,
         ));
-        for window in data.chunks(16 * WINDOW) {
-            let blocks = window.len().div_ceil(16);
-            let keys = &self.h[WINDOW - blocks..];
-            let zero = _mm512_setzero_si512();
-            let (mut lo, mut mid, mut hi) = (zero, zero, zero);
-            for (j, four) in keys.chunks_exact(4).take(blocks.div_ceil(4)).enumerate() {
-                let at = 64 * j;
-                let n = (window.len() - at).min(64);
-                let bytes = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
-                // SAFETY: `at` is inside `window`; the masked load reads only its `n` bytes
-                // from there. The keys: four `u128` in a row.
-                let (text, h) = unsafe {
-                    (
-                        _mm512_maskz_loadu_epi8(bytes, window.as_ptr().add(at).cast()),
-                        _mm512_loadu_si512(four.as_ptr().cast()),
-                    )
-                };
-                let mut x = _mm512_shuffle_epi8(text, reverse);
-                if j == 0 {
-                    x = _mm512_xor_si512(x, _mm512_zextsi128_si512(y));
-                }
-                lo = _mm512_xor_si512(lo, _mm512_clmulepi64_epi128::<0x00>(x, h));
-                hi = _mm512_xor_si512(hi, _mm512_clmulepi64_epi128::<0x11>(x, h));
-                mid = _mm512_ternarylogic_epi64::<0x96>(
-                    mid,
-                    _mm512_clmulepi64_epi128::<0x01>(x, h),
-                    _mm512_clmulepi64_epi128::<0x10>(x, h),
-                );
+        let registers = data.len().div_ceil(64);
+        for (j, four) in keys.chunks_exact(4).take(registers).enumerate() {
+            let at = 64 * j;
+            let n = (data.len() - at).min(64);
+            let bytes = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
+            // SAFETY: `at` is inside `data`; the masked load reads only its `n` bytes from
+            // there. The keys: four `u128` in a row.
+            let (text, h) = unsafe {
+                (
+                    _mm512_maskz_loadu_epi8(bytes, data.as_ptr().add(at).cast()),
+                    _mm512_loadu_si512(four.as_ptr().cast()),
+                )
+            };
+            let mut x = _mm512_shuffle_epi8(text, reverse);
+            if j == 0 {
+                x = _mm512_xor_si512(x, _mm512_zextsi128_si512(y));
             }
-            y = reduce(fold(lo), fold(mid), fold(hi));
+            self.lo = _mm512_xor_si512(self.lo, _mm512_clmulepi64_epi128::<0x00>(x, h));
+            self.hi = _mm512_xor_si512(self.hi, _mm512_clmulepi64_epi128::<0x11>(x, h));
+            self.mid = _mm512_ternarylogic_epi64::<0x96>(
+                self.mid,
+                _mm512_clmulepi64_epi128::<0x01>(x, h),
+                _mm512_clmulepi64_epi128::<0x10>(x, h),
+            );
         }
-        y
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,vpclmulqdq,pclmulqdq")]
+    fn reduce(self) -> __m128i {
+        reduce(fold(self.lo), fold(self.mid), fold(self.hi))
+    }
+
+    /// The sum with one more block `x` times `h`, reduced.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,vpclmulqdq,pclmulqdq")]
+    fn reduce_with(self, x: __m128i, h: __m128i) -> __m128i {
+        let lo = _mm_xor_si128(fold(self.lo), _mm_clmulepi64_si128::<0x00>(x, h));
+        let hi = _mm_xor_si128(fold(self.hi), _mm_clmulepi64_si128::<0x11>(x, h));
+        let mid = _mm_xor_si128(
+            fold(self.mid),
+            _mm_xor_si128(
+                _mm_clmulepi64_si128::<0x01>(x, h),
+                _mm_clmulepi64_si128::<0x10>(x, h),
+            ),
+        );
+        reduce(lo, mid, hi)
     }
 }
 
 impl Drop for Powers {
     /// The powers are the hash key: wiped when the cipher goes.
     fn drop(&mut self) {
-        zeroize::Zeroize::zeroize(&mut self.h);
+        zeroize::Zeroize::zeroize(&mut self.h[..]);
     }
 }
 
@@ -159,19 +224,6 @@ fn reduce(lo: __m128i, mid: __m128i, hi: __m128i) -> __m128i {
     _mm_xor_si128(c_hi, step(step(c_lo)))
 }
 
-/// dot(a, b) on one block.
-#[inline]
-#[target_feature(enable = "sse2,pclmulqdq")]
-fn dot(a: __m128i, b: __m128i) -> __m128i {
-    let lo = _mm_clmulepi64_si128::<0x00>(a, b);
-    let hi = _mm_clmulepi64_si128::<0x11>(a, b);
-    let mid = _mm_xor_si128(
-        _mm_clmulepi64_si128::<0x01>(a, b),
-        _mm_clmulepi64_si128::<0x10>(a, b),
-    );
-    reduce(lo, mid, hi)
-}
-
 #[inline]
 #[target_feature(enable = "sse2")]
 fn load128(x: u128) -> __m128i {
@@ -182,9 +234,16 @@ fn load128(x: u128) -> __m128i {
 
 #[target_feature(enable = "sse2,pclmulqdq")]
 fn dot128(a: u128, b: u128) -> u128 {
+    let (a, b) = (load128(a), load128(b));
+    let lo = _mm_clmulepi64_si128::<0x00>(a, b);
+    let hi = _mm_clmulepi64_si128::<0x11>(a, b);
+    let mid = _mm_xor_si128(
+        _mm_clmulepi64_si128::<0x01>(a, b),
+        _mm_clmulepi64_si128::<0x10>(a, b),
+    );
     let mut out = [0u8; 16];
     // SAFETY: an unaligned 16-byte store into a 16-byte array.
-    unsafe { _mm_storeu_si128(out.as_mut_ptr().cast(), dot(load128(a), load128(b))) };
+    unsafe { _mm_storeu_si128(out.as_mut_ptr().cast(), reduce(lo, mid, hi)) };
     u128::from_le_bytes(out)
 }
 
@@ -210,10 +269,19 @@ mod tests {
             state ^= state << 17;
             state as u8
         };
-        let lengths = (0..=80).chain([255, 256, 257, 511, 512, 513, 600, 622, 4096, 4113]);
-        for len in lengths {
+        // Across the register (4 blocks) and window (64 blocks) boundaries, with the
+        // associated data in the ciphertext's window or not.
+        let lengths = (0..=80).chain([
+            255, 256, 257, 511, 512, 513, 600, 622, 991, 992, 993, 1007, 1008, 1009, 1023, 1024,
+            1025, 2047, 2048, 2049, 4096, 4113,
+        ]);
+        for (len, aad_len) in lengths.flat_map(|len| {
+            [0, 1, 5, 16, 17, 31, 32, 33, 300, 1024, 1025]
+                .into_iter()
+                .map(move |a| (len, a))
+        }) {
             let h: [u8; 16] = std::array::from_fn(|_| next());
-            let aad: Vec<u8> = (0..usize::from(next()) * 2).map(|_| next()).collect();
+            let aad: Vec<u8> = (0..aad_len).map(|_| next()).collect();
             let text: Vec<u8> = (0..len).map(|_| next()).collect();
             let ours = Powers::new(&h).expect("available").ghash(&aad, &text);
 

@@ -688,23 +688,31 @@ mod gfni {
     #[target_feature(enable = "avx512f,avx512bw,gfni")]
     fn rounds<const G: usize>(rk: &[u32; 32], mut x: [[__m512i; 4]; G]) -> [[__m512i; 4]; G] {
         let bytes = ByteRotations::new();
-        // Rounds in pairs: rounds r and r + 1 both take Xᵣ₊₂ ⊕ Xᵣ₊₃, XORed once. Round r
-        // replaces register r mod 4.
-        for (pair, k) in rk.chunks_exact(2).enumerate() {
-            let (k0, k1) = (
-                _mm512_set1_epi32(k[0] as i32),
-                _mm512_set1_epi32(k[1] as i32),
-            );
-            let j = 2 * (pair % 2);
-            for g in x.iter_mut() {
-                let shared = _mm512_xor_si512(g[(j + 2) % 4], g[(j + 3) % 4]);
-                let a = _mm512_ternarylogic_epi32::<XOR3>(shared, g[j + 1], k0);
-                g[j] = round(g[j], a, bytes);
-                let a = _mm512_ternarylogic_epi32::<XOR3>(shared, g[j], k1);
-                g[j + 1] = round(g[j + 1], a, bytes);
-            }
+        for k in rk.chunks_exact(4) {
+            pair::<0, G>(&mut x, k[0], k[1], bytes);
+            pair::<2, G>(&mut x, k[2], k[3], bytes);
         }
         x
+    }
+
+    /// Rounds r and r + 1 (r mod 4 = `J`: round r replaces register J), which both take
+    /// Xᵣ₊₂ ⊕ Xᵣ₊₃, XORed once. `J` a constant, so that the registers stay registers.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,gfni")]
+    fn pair<const J: usize, const G: usize>(
+        x: &mut [[__m512i; 4]; G],
+        k0: u32,
+        k1: u32,
+        bytes: ByteRotations,
+    ) {
+        let (k0, k1) = (_mm512_set1_epi32(k0 as i32), _mm512_set1_epi32(k1 as i32));
+        for g in x.iter_mut() {
+            let shared = _mm512_xor_si512(g[(J + 2) % 4], g[(J + 3) % 4]);
+            let a = _mm512_ternarylogic_epi32::<XOR3>(shared, g[J + 1], k0);
+            g[J] = round(g[J], a, bytes);
+            let a = _mm512_ternarylogic_epi32::<XOR3>(shared, g[J], k1);
+            g[J + 1] = round(g[J + 1], a, bytes);
+        }
     }
 
     /// Encrypts up to [`WIDE`] blocks in place, in as many groups of sixteen as they fill
@@ -792,8 +800,8 @@ mod gfni {
             element(14) as i32,
             element(15) as i32,
         );
+        let counters = Counters { fixed, lanes };
         let blocks = data.len().div_ceil(16);
-        let mut mask = [0u8; 16];
         let mut start = 0;
         loop {
             let here = (blocks - start).min(WIDE);
@@ -801,70 +809,84 @@ mod gfni {
             // has room, else in a pass of its own.
             let mask_slot = (start + here == blocks && here < WIDE).then_some(here);
             let slots = here + usize::from(mask_slot.is_some());
-            // Counter of slot s: 2 + start + s (wrapping, as GCM's 32-bit increment).
-            let first = 2u32.wrapping_add(start as u32);
-            let group = |g: usize| {
-                let base = _mm512_set1_epi32(first.wrapping_add(16 * g as u32) as i32);
-                let mut counters = _mm512_add_epi32(base, lanes);
-                if let Some(s) = mask_slot.filter(|s| s / GROUP == g) {
-                    counters = _mm512_mask_mov_epi32(
-                        counters,
-                        1 << element(s % GROUP),
-                        _mm512_set1_epi32(1),
-                    );
-                }
-                [fixed[0], fixed[1], fixed[2], counters]
+            let mask = match slots.div_ceil(GROUP) {
+                1 => pass::<1>(rk, &counters, data, start, mask_slot),
+                2 => pass::<2>(rk, &counters, data, start, mask_slot),
+                _ => pass::<3>(rk, &counters, data, start, mask_slot),
             };
-            let mut out = |g: usize, x: [__m512i; 4]| {
-                for (i, r) in transpose([x[3], x[2], x[1], x[0]]).into_iter().enumerate() {
-                    let keystream = swap(r);
-                    let slot = GROUP * g + 4 * i;
-                    let at = (start + slot) * 16;
-                    if at < data.len() {
-                        let n = (data.len() - at).min(64);
-                        let bytes = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
-                        // SAFETY: `at` is inside `data`, and the masked load and store touch
-                        // only its `n` bytes from there (the others are masked off).
-                        unsafe {
-                            let p = data.as_mut_ptr().add(at);
-                            let text = _mm512_maskz_loadu_epi8(bytes, p.cast());
-                            _mm512_mask_storeu_epi8(
-                                p.cast(),
-                                bytes,
-                                _mm512_xor_si512(text, keystream),
-                            );
-                        }
-                    }
-                    if let Some(s) = mask_slot.filter(|s| (slot..slot + 4).contains(s)) {
-                        let mut four = [0u8; 64];
-                        // SAFETY: an unaligned store of 64 bytes into a 64-byte array.
-                        unsafe { _mm512_storeu_si512(four.as_mut_ptr().cast(), keystream) };
-                        let lane = s - slot;
-                        mask.copy_from_slice(&four[16 * lane..16 * lane + 16]);
-                    }
-                }
-            };
-            match slots.div_ceil(GROUP) {
-                1 => {
-                    let [x] = rounds(rk, [group(0)]);
-                    out(0, x);
-                }
-                2 => {
-                    let [x, y] = rounds(rk, [group(0), group(1)]);
-                    out(0, x);
-                    out(1, y);
-                }
-                _ => {
-                    let [x, y, z] = rounds(rk, [group(0), group(1), group(2)]);
-                    out(0, x);
-                    out(1, y);
-                    out(2, z);
-                }
-            }
             start += here;
-            if mask_slot.is_some() {
+            if let Some(mask) = mask {
                 return mask;
             }
         }
+    }
+
+    /// The counter blocks' parts every pass shares.
+    struct Counters {
+        /// The nonce's three words, each in every element.
+        fixed: [__m512i; 3],
+        /// Element e: the offset of the slot it holds ([`element`]).
+        lanes: __m512i,
+    }
+
+    /// One pass of [`ctr`]: `G` groups of sixteen counter slots from data block `start`
+    /// on, the tag mask's counter in `mask_slot` (counted from `start`) if given, and then
+    /// its keystream returned.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,gfni")]
+    fn pass<const G: usize>(
+        rk: &[u32; 32],
+        counters: &Counters,
+        data: &mut [u8],
+        start: usize,
+        mask_slot: Option<usize>,
+    ) -> Option<[u8; 16]> {
+        // Counter of slot s: 2 + start + s (wrapping, as GCM's 32-bit increment).
+        let first = 2u32.wrapping_add(start as u32);
+        let mut x = [[counters.lanes; 4]; G];
+        for (g, x) in x.iter_mut().enumerate() {
+            let base = _mm512_set1_epi32(first.wrapping_add(16 * g as u32) as i32);
+            let mut numbers = _mm512_add_epi32(base, counters.lanes);
+            if let Some(s) = mask_slot.filter(|s| s / GROUP == g) {
+                numbers =
+                    _mm512_mask_mov_epi32(numbers, 1 << element(s % GROUP), _mm512_set1_epi32(1));
+            }
+            *x = [
+                counters.fixed[0],
+                counters.fixed[1],
+                counters.fixed[2],
+                numbers,
+            ];
+        }
+        let x = rounds(rk, x);
+        let mut mask = None;
+        for (g, x) in x.iter().enumerate() {
+            for (i, r) in transpose([x[3], x[2], x[1], x[0]]).into_iter().enumerate() {
+                let keystream = swap(r);
+                let slot = GROUP * g + 4 * i;
+                let at = (start + slot) * 16;
+                if at < data.len() {
+                    let n = (data.len() - at).min(64);
+                    let bytes = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
+                    // SAFETY: `at` is inside `data`, and the masked load and store touch
+                    // only its `n` bytes from there (the others are masked off).
+                    unsafe {
+                        let p = data.as_mut_ptr().add(at);
+                        let text = _mm512_maskz_loadu_epi8(bytes, p.cast());
+                        _mm512_mask_storeu_epi8(p.cast(), bytes, _mm512_xor_si512(text, keystream));
+                    }
+                }
+                if let Some(s) = mask_slot.filter(|s| (slot..slot + 4).contains(s)) {
+                    let mut four = [0u8; 64];
+                    // SAFETY: an unaligned store of 64 bytes into a 64-byte array.
+                    unsafe { _mm512_storeu_si512(four.as_mut_ptr().cast(), keystream) };
+                    let lane = s - slot;
+                    let mut block = [0u8; 16];
+                    block.copy_from_slice(&four[16 * lane..16 * lane + 16]);
+                    mask = Some(block);
+                }
+            }
+        }
+        mask
     }
 }
