@@ -97,6 +97,9 @@ impl Sm4Gcm {
         aad: &[u8],
         buf: &mut [u8],
     ) -> [u8; TAG_LEN] {
+        if let Some(tag) = self.in_one_pass(nonce, aad, buf, true) {
+            return tag;
+        }
         let mask = self.ctr(nonce, buf);
         xor16(self.ghash(aad, buf), &mask)
     }
@@ -110,9 +113,13 @@ impl Sm4Gcm {
         buf: &mut [u8],
         tag: &[u8; TAG_LEN],
     ) -> Result<(), TagMismatch> {
-        let hash = self.ghash(aad, buf);
-        let mask = self.ctr(nonce, buf);
-        let expected = xor16(hash, &mask);
+        let expected = match self.in_one_pass(nonce, aad, buf, false) {
+            Some(expected) => expected,
+            None => {
+                let hash = self.ghash(aad, buf);
+                xor16(hash, &self.ctr(nonce, buf))
+            }
+        };
         // Constant time: every byte compared whatever the first difference.
         let difference = expected
             .iter()
@@ -123,6 +130,24 @@ impl Sm4Gcm {
             return Err(TagMismatch);
         }
         Ok(())
+    }
+
+    /// Seals or opens `data` and computes its tag in one pass over it (`crate::gcm512`),
+    /// where the kernels and the message's length allow; `None`, with `data` untouched,
+    /// where they do not.
+    fn in_one_pass(
+        &self,
+        nonce: &[u8; 12],
+        aad: &[u8],
+        data: &mut [u8],
+        seal: bool,
+    ) -> Option<[u8; TAG_LEN]> {
+        #[cfg(target_arch = "x86_64")]
+        if let (Some(rk), Hash::Wide(powers)) = (self.sm4.gfni_round_keys(), &self.ghash) {
+            return crate::gcm512::crypt(rk, powers, nonce, aad, data, seal);
+        }
+        let _ = (nonce, aad, data, seal);
+        None
     }
 
     /// XORs `data` with the keystream from counter 2 on (J₀ = nonce ‖ 1 being counter 1);

@@ -90,10 +90,7 @@ impl Powers {
             let y = self.absorb(y, ciphertext);
             Products::default().reduce_with(_mm_xor_si128(y, lengths), h1)
         };
-        let mut out = [0u8; 16];
-        // SAFETY: an unaligned 16-byte store into a 16-byte array.
-        unsafe { _mm_storeu_si128(out.as_mut_ptr().cast(), y) };
-        u128::from_le_bytes(out).to_be_bytes()
+        to_bytes(y)
     }
 
     /// The state after `data`, zero-padded to whole blocks, from state `y`.
@@ -108,6 +105,80 @@ impl Powers {
         }
         y
     }
+}
+
+/// GHASH of a message whose associated data, ciphertext and lengths block fit one window,
+/// the ciphertext handed over 64 bytes at a time as the counter mode makes or reads it.
+pub struct Window<'a> {
+    sum: Products,
+    /// The ciphertext's keys, from its first block's on.
+    keys: &'a [u128],
+    lengths: __m128i,
+    h1: __m128i,
+}
+
+impl Powers {
+    /// The window of a message with `aad` and `ciphertext_len` bytes of ciphertext, the
+    /// associated data added; `None` if they do not fit one window.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,vpclmulqdq,pclmulqdq")]
+    pub fn window(&self, aad: &[u8], ciphertext_len: usize) -> Option<Window<'_>> {
+        let (a, c) = (aad.len().div_ceil(16), ciphertext_len.div_ceil(16));
+        if a + c >= WINDOW {
+            return None;
+        }
+        let first = WINDOW - (a + c + 1);
+        let mut sum = Products::default();
+        sum.add(aad, &self.h[first..], _mm_setzero_si128());
+        Some(Window {
+            sum,
+            keys: &self.h[first + a..],
+            lengths: _mm_set_epi64x(
+                (aad.len() as u64 * 8) as i64,
+                (ciphertext_len as u64 * 8) as i64,
+            ),
+            h1: load128(self.h[WINDOW - 1]),
+        })
+    }
+}
+
+impl Window<'_> {
+    /// Adds ciphertext bytes `64 · register` to `64 · register + 63` (zero past its end).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,vpclmulqdq,pclmulqdq")]
+    pub fn add(&mut self, register: usize, text: __m512i) {
+        let four = &self.keys[4 * register..4 * register + 4];
+        // SAFETY: four `u128` in a row.
+        let h = unsafe { _mm512_loadu_si512(four.as_ptr().cast()) };
+        self.sum
+            .add_register(_mm512_shuffle_epi8(text, reverse()), h);
+    }
+
+    /// GHASH_H(A, C).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,vpclmulqdq,pclmulqdq")]
+    pub fn finish(self) -> [u8; 16] {
+        to_bytes(self.sum.reduce_with(self.lengths, self.h1))
+    }
+}
+
+/// The byte order of a block reversed, in each 128-bit lane: GHASH's order to POLYVAL's.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn reverse() -> __m512i {
+    _mm512_broadcast_i32x4(_mm_setr_epi8(
+        15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0,
+    ))
+}
+
+/// POLYVAL's state as GHASH's bytes.
+#[inline]
+#[target_feature(enable = "sse2")]
+fn to_bytes(y: __m128i) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    // SAFETY: an unaligned 16-byte store into a 16-byte array.
+    unsafe { _mm_storeu_si128(out.as_mut_ptr().cast(), y) };
+    u128::from_le_bytes(out).to_be_bytes()
 }
 
 /// Carry-less products of blocks with their powers, summed unreduced: the low, middle and
@@ -137,9 +208,6 @@ impl Products {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,vpclmulqdq,pclmulqdq")]
     fn add(&mut self, data: &[u8], keys: &[u128], y: __m128i) {
-        let reverse = _mm512_broadcast_i32x4(_mm_setr_epi8(
-            15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0,
-        ));
         let registers = data.len().div_ceil(64);
         for (j, four) in keys.chunks_exact(4).take(registers).enumerate() {
             let at = 64 * j;
@@ -153,18 +221,25 @@ impl Products {
                     _mm512_loadu_si512(four.as_ptr().cast()),
                 )
             };
-            let mut x = _mm512_shuffle_epi8(text, reverse);
+            let mut x = _mm512_shuffle_epi8(text, reverse());
             if j == 0 {
                 x = _mm512_xor_si512(x, _mm512_zextsi128_si512(y));
             }
-            self.lo = _mm512_xor_si512(self.lo, _mm512_clmulepi64_epi128::<0x00>(x, h));
-            self.hi = _mm512_xor_si512(self.hi, _mm512_clmulepi64_epi128::<0x11>(x, h));
-            self.mid = _mm512_ternarylogic_epi64::<0x96>(
-                self.mid,
-                _mm512_clmulepi64_epi128::<0x01>(x, h),
-                _mm512_clmulepi64_epi128::<0x10>(x, h),
-            );
+            self.add_register(x, h);
         }
+    }
+
+    /// Adds four blocks (POLYVAL's order) times their four keys.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,vpclmulqdq,pclmulqdq")]
+    fn add_register(&mut self, x: __m512i, h: __m512i) {
+        self.lo = _mm512_xor_si512(self.lo, _mm512_clmulepi64_epi128::<0x00>(x, h));
+        self.hi = _mm512_xor_si512(self.hi, _mm512_clmulepi64_epi128::<0x11>(x, h));
+        self.mid = _mm512_ternarylogic_epi64::<0x96>(
+            self.mid,
+            _mm512_clmulepi64_epi128::<0x01>(x, h),
+            _mm512_clmulepi64_epi128::<0x10>(x, h),
+        );
     }
 
     #[inline]

@@ -52,6 +52,8 @@ pub mod aead;
 pub mod certs;
 mod error;
 #[cfg(target_arch = "x86_64")]
+mod gcm512;
+#[cfg(target_arch = "x86_64")]
 mod ghash512;
 pub mod hash;
 pub mod kx;

@@ -492,7 +492,7 @@ mod ni {
 /// three groups' rounds interleaved (a 600-byte TLS record's keystream and tag mask, 39
 /// blocks, in one pass).
 #[cfg(target_arch = "x86_64")]
-mod gfni {
+pub(crate) mod gfni {
     use std::arch::x86_64::*;
 
     use super::{M1_HI, M1_LO, M2_HI, M2_LO};
@@ -769,85 +769,145 @@ mod gfni {
     /// padded copy and no keystream is left in memory to wipe.
     #[target_feature(enable = "avx512f,avx512bw,gfni")]
     pub fn ctr(rk: &[u32; 32], nonce: &[u8; 12], data: &mut [u8]) -> [u8; 16] {
-        let word = |i: usize| {
-            i32::from_be_bytes([
-                nonce[4 * i],
-                nonce[4 * i + 1],
-                nonce[4 * i + 2],
-                nonce[4 * i + 3],
-            ])
-        };
-        let fixed = [
-            _mm512_set1_epi32(word(0)),
-            _mm512_set1_epi32(word(1)),
-            _mm512_set1_epi32(word(2)),
-        ];
-        let lanes = _mm512_setr_epi32(
-            element(0) as i32,
-            element(1) as i32,
-            element(2) as i32,
-            element(3) as i32,
-            element(4) as i32,
-            element(5) as i32,
-            element(6) as i32,
-            element(7) as i32,
-            element(8) as i32,
-            element(9) as i32,
-            element(10) as i32,
-            element(11) as i32,
-            element(12) as i32,
-            element(13) as i32,
-            element(14) as i32,
-            element(15) as i32,
-        );
-        let counters = Counters { fixed, lanes };
-        let blocks = data.len().div_ceil(16);
+        let counters = Counters::new(nonce);
         let mut start = 0;
         loop {
-            let here = (blocks - start).min(WIDE);
-            // The tag mask takes the slot after the last data block, in the last pass if it
-            // has room, else in a pass of its own.
-            let mask_slot = (start + here == blocks && here < WIDE).then_some(here);
-            let slots = here + usize::from(mask_slot.is_some());
-            let mask = match slots.div_ceil(GROUP) {
-                1 => pass::<1>(rk, &counters, data, start, mask_slot),
-                2 => pass::<2>(rk, &counters, data, start, mask_slot),
-                _ => pass::<3>(rk, &counters, data, start, mask_slot),
+            let pass = Pass::at(data.len(), start);
+            let mask = match pass.groups {
+                1 => xor_pass::<1>(rk, &counters, data, &pass),
+                2 => xor_pass::<2>(rk, &counters, data, &pass),
+                _ => xor_pass::<3>(rk, &counters, data, &pass),
             };
-            start += here;
-            if let Some(mask) = mask {
-                return mask;
+            match mask {
+                Some(mask) => return mask,
+                None => start = pass.end,
             }
         }
     }
 
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,gfni")]
+    fn xor_pass<const G: usize>(
+        rk: &[u32; 32],
+        counters: &Counters,
+        data: &mut [u8],
+        pass: &Pass,
+    ) -> Option<[u8; 16]> {
+        let keystream = keystream::<G>(rk, counters, pass);
+        for (register, keystream) in keystream.as_flattened().iter().enumerate() {
+            xor_at(data, pass.start * 16 + 64 * register, *keystream);
+        }
+        pass.mask(&keystream)
+    }
+
+    /// One pass of the counter mode: its data blocks and where the tag mask goes.
+    pub struct Pass {
+        /// The first data block.
+        pub start: usize,
+        /// The data block after the pass's last.
+        pub end: usize,
+        /// Where the tag mask's counter goes, counted from `start`: the slot after the
+        /// last data block, in the last pass if it has room, else in a pass of its own.
+        pub mask_slot: Option<usize>,
+        /// Groups of sixteen slots: one, two or three.
+        pub groups: usize,
+    }
+
+    impl Pass {
+        /// The pass from data block `start` on, for `len` bytes of data.
+        pub fn at(len: usize, start: usize) -> Pass {
+            let blocks = len.div_ceil(16);
+            let here = (blocks - start).min(WIDE);
+            let mask_slot = (start + here == blocks && here < WIDE).then_some(here);
+            let slots = here + usize::from(mask_slot.is_some());
+            Pass {
+                start,
+                end: start + here,
+                mask_slot,
+                groups: slots.div_ceil(GROUP),
+            }
+        }
+
+        /// The tag mask's keystream block, if this pass holds it.
+        pub fn mask(&self, keystream: &[[__m512i; 4]]) -> Option<[u8; 16]> {
+            let s = self.mask_slot?;
+            let mut four = [0u8; 64];
+            // SAFETY: an unaligned store of 64 bytes into a 64-byte array (AVX-512F, which
+            // a `Pass` is only used with).
+            unsafe {
+                _mm512_storeu_si512(four.as_mut_ptr().cast(), keystream.as_flattened()[s / 4])
+            };
+            let mut block = [0u8; 16];
+            block.copy_from_slice(&four[16 * (s % 4)..16 * (s % 4) + 16]);
+            Some(block)
+        }
+    }
+
     /// The counter blocks' parts every pass shares.
-    struct Counters {
+    pub struct Counters {
         /// The nonce's three words, each in every element.
         fixed: [__m512i; 3],
         /// Element e: the offset of the slot it holds ([`element`]).
         lanes: __m512i,
     }
 
-    /// One pass of [`ctr`]: `G` groups of sixteen counter slots from data block `start`
-    /// on, the tag mask's counter in `mask_slot` (counted from `start`) if given, and then
-    /// its keystream returned.
+    impl Counters {
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        pub fn new(nonce: &[u8; 12]) -> Self {
+            let word = |i: usize| {
+                i32::from_be_bytes([
+                    nonce[4 * i],
+                    nonce[4 * i + 1],
+                    nonce[4 * i + 2],
+                    nonce[4 * i + 3],
+                ])
+            };
+            Counters {
+                fixed: [
+                    _mm512_set1_epi32(word(0)),
+                    _mm512_set1_epi32(word(1)),
+                    _mm512_set1_epi32(word(2)),
+                ],
+                lanes: _mm512_setr_epi32(
+                    element(0) as i32,
+                    element(1) as i32,
+                    element(2) as i32,
+                    element(3) as i32,
+                    element(4) as i32,
+                    element(5) as i32,
+                    element(6) as i32,
+                    element(7) as i32,
+                    element(8) as i32,
+                    element(9) as i32,
+                    element(10) as i32,
+                    element(11) as i32,
+                    element(12) as i32,
+                    element(13) as i32,
+                    element(14) as i32,
+                    element(15) as i32,
+                ),
+            }
+        }
+    }
+
+    /// A pass's keystream: `G` groups of sixteen counter slots from data block
+    /// `pass.start` on (counter 2 + block), the tag mask's counter (1) in its slot; each
+    /// register four blocks in data order, as they XOR onto 64 bytes of data.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,gfni")]
-    fn pass<const G: usize>(
+    pub fn keystream<const G: usize>(
         rk: &[u32; 32],
         counters: &Counters,
-        data: &mut [u8],
-        start: usize,
-        mask_slot: Option<usize>,
-    ) -> Option<[u8; 16]> {
-        // Counter of slot s: 2 + start + s (wrapping, as GCM's 32-bit increment).
-        let first = 2u32.wrapping_add(start as u32);
+        pass: &Pass,
+    ) -> [[__m512i; 4]; G] {
+        // Wrapping, as GCM's 32-bit increment.
+        let first = 2u32.wrapping_add(pass.start as u32);
         let mut x = [[counters.lanes; 4]; G];
         for (g, x) in x.iter_mut().enumerate() {
             let base = _mm512_set1_epi32(first.wrapping_add(16 * g as u32) as i32);
             let mut numbers = _mm512_add_epi32(base, counters.lanes);
-            if let Some(s) = mask_slot.filter(|s| s / GROUP == g) {
+            if let Some(s) = pass.mask_slot.filter(|s| s / GROUP == g) {
                 numbers =
                     _mm512_mask_mov_epi32(numbers, 1 << element(s % GROUP), _mm512_set1_epi32(1));
             }
@@ -858,35 +918,32 @@ mod gfni {
                 numbers,
             ];
         }
-        let x = rounds(rk, x);
-        let mut mask = None;
-        for (g, x) in x.iter().enumerate() {
-            for (i, r) in transpose([x[3], x[2], x[1], x[0]]).into_iter().enumerate() {
-                let keystream = swap(r);
-                let slot = GROUP * g + 4 * i;
-                let at = (start + slot) * 16;
-                if at < data.len() {
-                    let n = (data.len() - at).min(64);
-                    let bytes = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
-                    // SAFETY: `at` is inside `data`, and the masked load and store touch
-                    // only its `n` bytes from there (the others are masked off).
-                    unsafe {
-                        let p = data.as_mut_ptr().add(at);
-                        let text = _mm512_maskz_loadu_epi8(bytes, p.cast());
-                        _mm512_mask_storeu_epi8(p.cast(), bytes, _mm512_xor_si512(text, keystream));
-                    }
-                }
-                if let Some(s) = mask_slot.filter(|s| (slot..slot + 4).contains(s)) {
-                    let mut four = [0u8; 64];
-                    // SAFETY: an unaligned store of 64 bytes into a 64-byte array.
-                    unsafe { _mm512_storeu_si512(four.as_mut_ptr().cast(), keystream) };
-                    let lane = s - slot;
-                    let mut block = [0u8; 16];
-                    block.copy_from_slice(&four[16 * lane..16 * lane + 16]);
-                    mask = Some(block);
-                }
-            }
+        let mut x = rounds(rk, x);
+        for x in x.iter_mut() {
+            *x = transpose([x[3], x[2], x[1], x[0]]).map(|r| swap(r));
         }
-        mask
+        x
+    }
+
+    /// XORs `keystream` onto the 64 bytes of `data` from byte `at` (fewer at its end;
+    /// nothing past it): (the bytes before, the bytes after), zero past `data`'s end.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub fn xor_at(data: &mut [u8], at: usize, keystream: __m512i) -> (__m512i, __m512i) {
+        if at >= data.len() {
+            let zero = _mm512_setzero_si512();
+            return (zero, zero);
+        }
+        let n = (data.len() - at).min(64);
+        let bytes = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
+        // SAFETY: `at` is inside `data`, and the masked load and store touch only its `n`
+        // bytes from there (the others are masked off).
+        unsafe {
+            let p = data.as_mut_ptr().add(at);
+            let text = _mm512_maskz_loadu_epi8(bytes, p.cast());
+            let out = _mm512_maskz_mov_epi8(bytes, _mm512_xor_si512(text, keystream));
+            _mm512_mask_storeu_epi8(p.cast(), bytes, out);
+            (text, out)
+        }
     }
 }
