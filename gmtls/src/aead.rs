@@ -144,7 +144,9 @@ impl Sm4Gcm {
     ) -> Option<[u8; TAG_LEN]> {
         #[cfg(target_arch = "x86_64")]
         if let (Some(rk), Hash::Wide(powers)) = (self.sm4.gfni_round_keys(), &self.ghash) {
-            return crate::gcm512::crypt(rk, powers, nonce, aad, data, seal);
+            // SAFETY: round keys for the GFNI kernel and a `Powers` exist only where the
+            // CPU has AVX-512F/BW, GFNI, VPCLMULQDQ and PCLMULQDQ.
+            return unsafe { crate::gcm512::crypt(rk, powers, nonce, aad, data, seal) };
         }
         let _ = (nonce, aad, data, seal);
         None

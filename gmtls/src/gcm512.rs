@@ -12,21 +12,11 @@ use crate::sm4ct::gfni::{Counters, Pass, keystream, xor_at};
 /// Encrypts (`seal`) or decrypts `data` in place under `nonce`; GHASH_H(aad, ciphertext)
 /// XOR the tag mask, i.e. the tag. `None`, with `data` untouched, if the message does not
 /// fit one GHASH window.
-pub fn crypt(
-    rk: &[u32; 32],
-    powers: &Powers,
-    nonce: &[u8; 12],
-    aad: &[u8],
-    data: &mut [u8],
-    seal: bool,
-) -> Option<[u8; 16]> {
-    // SAFETY: round keys for the GFNI kernel and a `Powers` exist only where the CPU has
-    // AVX-512F/BW, GFNI, VPCLMULQDQ and PCLMULQDQ.
-    unsafe { crypt_wide(rk, powers, nonce, aad, data, seal) }
-}
-
+///
+/// Only where the CPU has AVX-512F/BW, GFNI, VPCLMULQDQ and PCLMULQDQ, as round keys for
+/// the GFNI kernel and a [`Powers`] do.
 #[target_feature(enable = "avx512f,avx512bw,gfni,vpclmulqdq,pclmulqdq")]
-fn crypt_wide(
+pub fn crypt(
     rk: &[u32; 32],
     powers: &Powers,
     nonce: &[u8; 12],
