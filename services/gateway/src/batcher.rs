@@ -16,7 +16,7 @@ use aether_gpu_worker::{
     ClearingModel, ExplainPlan, Explanation, Netting, Score, Trade, TradeContext, net,
 };
 use aether_ledger::{
-    AppendToStream, Committed, EventStore, ExpectedVersion, LedgerError, NewEvent,
+    Committed, EventStore, ExpectedVersion, LedgerError, NewEvent, PreparedAppend, PreparedEvent,
 };
 use serde_json::json;
 use tokio::sync::{Semaphore, mpsc, oneshot};
@@ -133,11 +133,13 @@ pub struct Scored {
 }
 
 /// A decision on its way back to its batch, with where to send its committed position.
-type Decided = (
-    String,
-    NewEvent,
-    oneshot::Sender<Result<Committed, RecordError>>,
-);
+struct Decided {
+    stream_id: String,
+    /// The member's request id (the event's `request_id` metadata).
+    request_id: String,
+    event: PreparedEvent,
+    reply: oneshot::Sender<Result<Committed, RecordError>>,
+}
 
 /// Why a decision was not recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -153,23 +155,43 @@ pub enum RecordError {
 /// and every decision its trades send, atomically, so the netting is never on the ledger
 /// without the decisions it covered, nor a decision without its netting. A recorder
 /// dropped unused (a request given up) leaves its trade out of the append.
-#[derive(Debug)]
 pub struct Recorder {
     tx: oneshot::Sender<Decided>,
+    store: EventStore,
+}
+
+impl std::fmt::Debug for Recorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recorder").finish_non_exhaustive()
+    }
 }
 
 impl Recorder {
-    /// Records `event` on `stream_id` with the batch; answers once it is committed.
+    /// Records `event` on `stream_id` with the batch; answers once it is committed. The
+    /// event is checked and made canonical here, in the caller's task.
     pub async fn record(
         self,
         stream_id: String,
         event: NewEvent,
     ) -> Result<Committed, RecordError> {
+        let request_id = event.metadata["request_id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let event = self
+            .store
+            .prepare(event)
+            .map_err(|e| RecordError::Failed(format!("the decision cannot be recorded: {e}")))?;
         let (reply, committed) = oneshot::channel();
         let stopped =
             || RecordError::Failed("the batch stopped before the decision was recorded".into());
         self.tx
-            .send((stream_id, event, reply))
+            .send(Decided {
+                stream_id,
+                request_id,
+                event,
+                reply,
+            })
             .map_err(|_| stopped())?;
         committed.await.map_err(|_| stopped())?
     }
@@ -260,6 +282,7 @@ async fn collect(
         let breaker = Arc::clone(&breaker);
         tokio::spawn(async move {
             let scorer = Scorer {
+                store: &store,
                 pool: &pool,
                 config: &config,
                 breaker: &breaker,
@@ -318,6 +341,7 @@ struct Executed {
 /// Where batches are scored: the remote workers, the batcher's settings and the breaker
 /// between them and the in-process path.
 struct Scorer<'a> {
+    store: &'a EventStore,
     pool: &'a WorkerPool,
     config: &'a BatcherConfig,
     breaker: &'a Breaker,
@@ -337,6 +361,7 @@ async fn execute(
         pool,
         config,
         breaker,
+        ..
     } = *scorer;
     let ModelHandle {
         model_ref,
@@ -638,7 +663,10 @@ async fn score_batch(scorer: &Scorer<'_>, jobs: Vec<Job>, queue_depth: usize) ->
             device: result.device.clone(),
             worker: result.worker.clone(),
             worker_elapsed: result.elapsed,
-            recorder: Recorder { tx },
+            recorder: Recorder {
+                tx,
+                store: scorer.store.clone(),
+            },
         }));
         decided.push(rx);
     }
@@ -659,20 +687,28 @@ struct Recording {
 async fn record(store: &EventStore, recording: Recording) {
     let Recording { netting, decided } = recording;
     // Every trade answers at once (its decision is CPU work after the score) or gave up.
-    let decided: Vec<Decided> = futures::future::join_all(decided)
+    let mut decided: Vec<Decided> = futures::future::join_all(decided)
         .await
         .into_iter()
         .filter_map(Result::ok)
         .collect();
-    let mut decided = decided;
+    let netting = match store.prepare(netting) {
+        Ok(netting) => netting,
+        Err(e) => {
+            return fail(
+                decided,
+                &format!("the batch's netting cannot be recorded: {e}"),
+            );
+        }
+    };
     // A decision another node recorded for the same request id meanwhile fails the atomic
     // append (the database allows one per member and request id): those are answered as
     // already decided, and the batch is recorded without them.
     for attempt in 0..3 {
         let (appends, positions) = parts(&netting, &decided);
-        match store.append_multi(appends).await {
+        match store.append_prepared(appends).await {
             Ok(committed) => {
-                for ((_, _, reply), position) in decided.into_iter().zip(positions) {
+                for (Decided { reply, .. }, position) in decided.into_iter().zip(positions) {
                     let answer = committed.get(position).cloned().ok_or_else(|| {
                         RecordError::Failed(
                             "the ledger returned fewer positions than events".to_owned(),
@@ -689,7 +725,7 @@ async fn record(store: &EventStore, recording: Recording) {
                             .into_iter()
                             .enumerate()
                             .partition(|(i, _)| taken.contains(i));
-                        for (_, (_, _, reply)) in gone {
+                        for (_, Decided { reply, .. }) in gone {
                             let _ = reply.send(Err(RecordError::AlreadyDecided));
                         }
                         decided = kept.into_iter().map(|(_, d)| d).collect();
@@ -719,24 +755,27 @@ async fn record(store: &EventStore, recording: Recording) {
 }
 
 fn fail(decided: Vec<Decided>, reason: &str) {
-    for (_, _, reply) in decided {
+    for Decided { reply, .. } in decided {
         let _ = reply.send(Err(RecordError::Failed(reason.to_owned())));
     }
 }
 
 /// The netting (first) and the decisions grouped by stream (a stream may appear once in
 /// an append), and where each decision's committed position will be.
-fn parts(netting: &NewEvent, decided: &[Decided]) -> (Vec<AppendToStream>, Vec<usize>) {
-    let mut appends = vec![AppendToStream {
+fn parts(netting: &PreparedEvent, decided: &[Decided]) -> (Vec<PreparedAppend>, Vec<usize>) {
+    let mut appends = vec![PreparedAppend {
         stream_id: NETTING_STREAM.to_owned(),
         expected: ExpectedVersion::Any,
         events: vec![netting.clone()],
     }];
     let mut streams: HashMap<&str, usize> = HashMap::from([(NETTING_STREAM, 0)]);
     let mut placed = Vec::with_capacity(decided.len());
-    for (stream_id, event, _) in decided {
+    for Decided {
+        stream_id, event, ..
+    } in decided
+    {
         let part = *streams.entry(stream_id.as_str()).or_insert_with(|| {
-            appends.push(AppendToStream {
+            appends.push(PreparedAppend {
                 stream_id: stream_id.clone(),
                 expected: ExpectedVersion::Any,
                 events: Vec::new(),
@@ -766,13 +805,7 @@ async fn recorded_elsewhere(
     store: &EventStore,
     decided: &[Decided],
 ) -> Result<Vec<usize>, LedgerError> {
-    let request_id = |event: &NewEvent| {
-        event.metadata["request_id"]
-            .as_str()
-            .map(str::to_owned)
-            .unwrap_or_default()
-    };
-    let ids: Vec<String> = decided.iter().map(|(_, e, _)| request_id(e)).collect();
+    let ids: Vec<String> = decided.iter().map(|d| d.request_id.clone()).collect();
     let found = store
         .find_by_metadata("request_id", &ids, crate::decision::CLEARING_DECIDED)
         .await?;
@@ -789,7 +822,7 @@ async fn recorded_elsewhere(
     Ok(decided
         .iter()
         .enumerate()
-        .filter(|(_, (stream, event, _))| on_ledger.contains(&(stream.clone(), request_id(event))))
+        .filter(|(_, d)| on_ledger.contains(&(d.stream_id.clone(), d.request_id.clone())))
         .map(|(i, _)| i)
         .collect())
 }

@@ -9,7 +9,7 @@ use aether_ledger::checkpoint::{CHECKPOINT_STREAM, CheckpointSigner, SignedCheck
 use aether_ledger::testing::TestDatabase;
 use aether_ledger::{
     AppendToStream, CheckpointPolicy, Direction, EventFilter, EventStore, ExpectedVersion,
-    LedgerError, NewEvent, Problem, StoreConfig, run_checkpointer, verify_store,
+    LedgerError, NewEvent, PreparedAppend, Problem, StoreConfig, run_checkpointer, verify_store,
 };
 use serde_json::json;
 
@@ -133,6 +133,7 @@ contract!(
     appended_events_read_back_chained,
     expected_versions_are_enforced_and_name_the_actual_version,
     multi_stream_append_is_atomic,
+    prepared_events_append_as_the_events_would,
     reads_by_time_range,
     subscription_catches_up_turns_live_and_resumes,
     bad_input_is_refused_precisely_and_writes_nothing,
@@ -370,6 +371,92 @@ where
     );
     assert_eq!(s.stream_version("rollout/r1").await.unwrap(), 3);
     assert_eq!(s.stream_version("snapshot").await.unwrap(), 1);
+    h.finish().await;
+}
+
+/// `prepare` refuses what an append refuses, with the same error; a prepared event appends
+/// (again, after a refused append) with the same checks across streams and the hash an
+/// append of the event itself gets.
+async fn prepared_events_append_as_the_events_would<F, Fut>(open: F)
+where
+    F: Fn(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = Harness>,
+{
+    let h = open(StoreConfig::default()).await;
+    let s = &h.store;
+    let personal = || {
+        NewEvent::new("ClearingDecided", json!({"n": 1}))
+            .with_personal(serde_json::Map::from_iter([(
+                "buyer".to_owned(),
+                json!("Acme Ltd"),
+            )]))
+            .with_metadata(json!({"request_id": "r-1"}))
+    };
+    let not_an_object = NewEvent::new("X", json!([1, 2]));
+    let refused = s.prepare(not_an_object.clone()).unwrap_err();
+    let appended = s
+        .append("x", ExpectedVersion::Any, vec![not_an_object])
+        .await
+        .unwrap_err();
+    assert_eq!(refused.to_string(), appended.to_string());
+
+    let prepared = s.prepare(personal()).unwrap();
+    let part = |expected, events| PreparedAppend {
+        stream_id: "clearing/m1".into(),
+        expected,
+        events,
+    };
+    // Refused for its expectation, then kept and appended again.
+    let err = s
+        .append_prepared(vec![part(
+            ExpectedVersion::Exact(3),
+            vec![prepared.clone()],
+        )])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, LedgerError::WrongExpectedVersion { .. }),
+        "{err}"
+    );
+    let err = s
+        .append_prepared(vec![
+            part(ExpectedVersion::Any, vec![prepared.clone()]),
+            part(ExpectedVersion::Any, vec![prepared.clone()]),
+        ])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LedgerError::DuplicateStream { .. }), "{err}");
+    assert!(matches!(
+        s.append_prepared(vec![part(ExpectedVersion::Any, vec![])])
+            .await,
+        Err(LedgerError::EmptyAppend)
+    ));
+    assert_eq!(head_seq(s).await, 0, "refused appends wrote nothing");
+    let committed = s
+        .append_prepared(vec![part(ExpectedVersion::NoStream, vec![prepared])])
+        .await
+        .unwrap();
+    let read = s.read_all(1, 10).await.unwrap();
+    assert_eq!(read.len(), 1);
+    assert_eq!(read[0].hash, committed[0].hash);
+    assert_eq!(read[0].computed_hash(), committed[0].hash);
+    // The personal member sealed as an append seals it.
+    assert!(
+        !read[0].payload.get().contains("Acme"),
+        "{}",
+        read[0].payload
+    );
+    let direct = s
+        .append("clearing/m2", ExpectedVersion::NoStream, vec![personal()])
+        .await
+        .unwrap();
+    let both = s.read_all(1, 10).await.unwrap();
+    assert_eq!(both[1].hash, direct[0].hash);
+    assert_eq!(
+        both[0].payload.get().len(),
+        both[1].payload.get().len(),
+        "the same event, prepared or not, is stored alike (its salt aside)"
+    );
     h.finish().await;
 }
 
