@@ -22,14 +22,21 @@
 //! vacuum that follows a merge, at most every ten minutes ([`table_properties`] sets the
 //! retentions).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use delta_kernel::expressions::Scalar;
 use deltalake::kernel::transaction::CommitBuilder;
-use deltalake::kernel::{Action, Remove};
+use deltalake::kernel::{Action, Add, Remove};
 use deltalake::logstore::object_store::ObjectStoreExt;
 use deltalake::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use deltalake::parquet::column::writer::ColumnCloseResult;
+use deltalake::parquet::errors::ParquetError;
+use deltalake::parquet::file::metadata::{PageIndexPolicy, ParquetMetaDataReader};
+use deltalake::parquet::file::properties::WriterProperties;
+use deltalake::parquet::file::reader::ChunkReader;
+use deltalake::parquet::file::writer::SerializedFileWriter;
 use deltalake::protocol::DeltaOperation;
 use deltalake::writer::{DeltaWriter, RecordBatchWriter, WriteMode};
 use deltalake::{DeltaTable, DeltaTableError};
@@ -63,6 +70,8 @@ struct DataFile {
     path: deltalake::Path,
     size: i64,
     modified: i64,
+    /// Its statistics as the log holds them (JSON), if it has any.
+    stats: Option<String>,
     remove: Remove,
 }
 
@@ -204,6 +213,7 @@ fn files_to_merge(table: &DeltaTable, date: &str) -> Result<Option<Vec<DataFile>
                 path: file.object_store_path(),
                 size: file.size(),
                 modified: file.modification_time(),
+                stats: file.stats(),
                 remove: file.remove_action(false),
             });
     }
@@ -216,6 +226,12 @@ fn files_to_merge(table: &DeltaTable, date: &str) -> Result<Option<Vec<DataFile>
 }
 
 /// Rewrites `files` as one file of `date`'s partition: the actions that swap them.
+///
+/// Files of one schema (all of them but across a schema change) are concatenated: their
+/// row groups' column chunks are copied as they are, byte for byte, under one footer, and
+/// the merged file's statistics are the files' own combined. Decoding and encoding them
+/// again, as files of different schemas still are, cost a node under clearing load more
+/// than writing them had (8.9 % of its CPU against ~3 %).
 async fn rewrite(
     table: &DeltaTable,
     date: &str,
@@ -223,10 +239,7 @@ async fn rewrite(
     unique_columns: &[&str],
 ) -> Result<Vec<Action>, DeltaError> {
     let store = table.object_store();
-    let mut writer = RecordBatchWriter::for_table(table)?
-        .with_writer_properties(writer_properties(unique_columns));
-    let partition =
-        IndexMap::from([(PARTITION_COLUMN.to_owned(), Scalar::String(date.to_owned()))]);
+    let mut sources = Vec::with_capacity(files.len());
     for file in &files {
         let bytes = store
             .get(&file.path)
@@ -235,6 +248,113 @@ async fn rewrite(
             .bytes()
             .await
             .map_err(deltalake::DeltaTableError::from)?;
+        sources.push(bytes);
+    }
+    let stats: Vec<Option<&str>> = files.iter().map(|f| f.stats.as_deref()).collect();
+    let add = match concatenate(&sources).map_err(deltalake::DeltaTableError::from)? {
+        Some(merged) => {
+            let path = format!(
+                "{PARTITION_COLUMN}={date}/part-00000-{}-c000.snappy.parquet",
+                uuid::Uuid::now_v7()
+            );
+            let size = merged.len() as i64;
+            store
+                .put(&deltalake::Path::from(path.as_str()), merged.into())
+                .await
+                .map_err(deltalake::DeltaTableError::from)?;
+            vec![Add {
+                path,
+                partition_values: HashMap::from([(
+                    PARTITION_COLUMN.to_owned(),
+                    Some(date.to_owned()),
+                )]),
+                size,
+                modification_time: chrono::Utc::now().timestamp_millis(),
+                data_change: false,
+                stats: combined_stats(&stats),
+                ..Add::default()
+            }]
+        }
+        None => reencode(table, date, sources, unique_columns).await?,
+    };
+    let mut actions: Vec<Action> = add
+        .into_iter()
+        .map(|mut add| {
+            add.data_change = false;
+            Action::Add(add)
+        })
+        .collect();
+    actions.extend(files.into_iter().map(|f| Action::Remove(f.remove)));
+    Ok(actions)
+}
+
+/// The files as one, their row groups copied in order; `None` if their schemas differ.
+fn concatenate<R: ChunkReader>(sources: &[R]) -> Result<Option<Vec<u8>>, ParquetError> {
+    let metadata = sources
+        .iter()
+        .map(|bytes| {
+            ParquetMetaDataReader::new()
+                .with_page_index_policy(PageIndexPolicy::Optional)
+                .parse_and_finish(bytes)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let Some(first) = metadata.first() else {
+        return Ok(None);
+    };
+    let schema = first.file_metadata().schema();
+    let key_value = first.file_metadata().key_value_metadata();
+    if metadata.iter().any(|m| {
+        m.file_metadata().schema() != schema || m.file_metadata().key_value_metadata() != key_value
+    }) {
+        return Ok(None);
+    }
+    let properties = WriterProperties::builder()
+        .set_created_by(format!("aether-lineage {}", env!("CARGO_PKG_VERSION")))
+        .set_key_value_metadata(key_value.cloned())
+        .build();
+    let mut writer = SerializedFileWriter::new(
+        Vec::new(),
+        first.file_metadata().schema_descr().root_schema_ptr(),
+        Arc::new(properties),
+    )?;
+    for (bytes, metadata) in sources.iter().zip(&metadata) {
+        for (g, group) in metadata.row_groups().iter().enumerate() {
+            let mut out = writer.next_row_group()?;
+            for (c, column) in group.columns().iter().enumerate() {
+                out.append_column(
+                    bytes,
+                    ColumnCloseResult {
+                        bytes_written: column.compressed_size() as u64,
+                        rows_written: group.num_rows() as u64,
+                        metadata: column.clone(),
+                        bloom_filter: None,
+                        column_index: metadata
+                            .column_index()
+                            .and_then(|i| i.get(g)?.get(c).cloned()),
+                        offset_index: metadata
+                            .offset_index()
+                            .and_then(|i| i.get(g)?.get(c).cloned()),
+                    },
+                )?;
+            }
+            out.close()?;
+        }
+    }
+    writer.into_inner().map(Some)
+}
+
+/// The files decoded and written again as one (files of different schemas).
+async fn reencode<R: ChunkReader + 'static>(
+    table: &DeltaTable,
+    date: &str,
+    sources: Vec<R>,
+    unique_columns: &[&str],
+) -> Result<Vec<Add>, DeltaError> {
+    let mut writer = RecordBatchWriter::for_table(table)?
+        .with_writer_properties(writer_properties(unique_columns));
+    let partition =
+        IndexMap::from([(PARTITION_COLUMN.to_owned(), Scalar::String(date.to_owned()))]);
+    for bytes in sources {
         let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
             .and_then(|b| b.build())
             .map_err(deltalake::DeltaTableError::from)?;
@@ -244,17 +364,90 @@ async fn rewrite(
                 .await?;
         }
     }
-    let mut actions: Vec<Action> = writer
-        .flush()
-        .await?
-        .into_iter()
-        .map(|mut add| {
-            add.data_change = false;
-            Action::Add(add)
-        })
-        .collect();
-    actions.extend(files.into_iter().map(|f| Action::Remove(f.remove)));
-    Ok(actions)
+    Ok(writer.flush().await?)
+}
+
+/// The statistics of files merged into one, from theirs (Delta's per-file JSON: the row
+/// count, and per column the least and greatest value and the null count): counts added,
+/// the least of the least values, the greatest of the greatest. A column some file has no
+/// value for, or values that do not compare, gets none (a reader then does not skip the
+/// file on it); no statistics if a file has none.
+fn combined_stats(stats: &[Option<&str>]) -> Option<String> {
+    use serde_json::Value;
+    let parsed = stats
+        .iter()
+        .map(|s| serde_json::from_str::<Value>((*s)?).ok())
+        .collect::<Option<Vec<Value>>>()?;
+    let field = |name: &str| -> Vec<&Value> { parsed.iter().filter_map(|s| s.get(name)).collect() };
+    let records: u64 = parsed
+        .iter()
+        .map(|s| s.get("numRecords")?.as_u64())
+        .sum::<Option<u64>>()?;
+    let mut out = serde_json::Map::from_iter([("numRecords".to_owned(), Value::from(records))]);
+    for (name, combine) in [
+        ("minValues", Combine::Least),
+        ("maxValues", Combine::Greatest),
+        ("nullCount", Combine::Sum),
+    ] {
+        let values = field(name);
+        if values.len() == parsed.len()
+            && let Some(v) = combine.all(&values)
+        {
+            out.insert(name.to_owned(), v);
+        }
+    }
+    Some(Value::Object(out).to_string())
+}
+
+#[derive(Clone, Copy)]
+enum Combine {
+    Least,
+    Greatest,
+    Sum,
+}
+
+impl Combine {
+    /// The values combined, objects member by member (those every one has); `None` if they
+    /// do not combine.
+    fn all(self, values: &[&serde_json::Value]) -> Option<serde_json::Value> {
+        use serde_json::Value;
+        let (first, rest) = values.split_first()?;
+        if let Value::Object(first) = first {
+            let members = first.iter().filter_map(|(key, value)| {
+                let mut column = vec![value];
+                for v in rest {
+                    column.push(v.as_object()?.get(key)?);
+                }
+                Some((key.clone(), self.all(&column)?))
+            });
+            return Some(Value::Object(members.collect()));
+        }
+        rest.iter()
+            .try_fold((*first).clone(), |acc, v| self.two(&acc, v))
+    }
+
+    fn two(self, a: &serde_json::Value, b: &serde_json::Value) -> Option<serde_json::Value> {
+        use serde_json::Value;
+        use std::cmp::Ordering;
+        let order = match (a, b) {
+            (Value::String(x), Value::String(y)) => x.cmp(y),
+            (Value::Number(x), Value::Number(y)) => match (x.as_i64(), y.as_i64()) {
+                (Some(x), Some(y)) if matches!(self, Combine::Sum) => {
+                    return x.checked_add(y).map(Value::from);
+                }
+                (Some(x), Some(y)) => x.cmp(&y),
+                _ if matches!(self, Combine::Sum) => return None,
+                _ => x.as_f64()?.partial_cmp(&y.as_f64()?)?,
+            },
+            _ => return None,
+        };
+        let keep_a = match self {
+            Combine::Least => order != Ordering::Greater,
+            Combine::Greatest => order != Ordering::Less,
+            Combine::Sum => return None,
+        };
+        Some(if keep_a { a.clone() } else { b.clone() })
+    }
 }
 
 /// Commits a rewrite of `date`'s partition. The files it removes are still live: only
@@ -295,5 +488,26 @@ mod tests {
         assert_eq!(size_class(BASE_BYTES * (FAN_IN * FAN_IN) as i64 - 1), 1);
         assert_eq!(size_class(BASE_BYTES * (FAN_IN * FAN_IN) as i64), 2);
         assert_eq!(size_class(i64::MAX), size_class(i64::MAX - 1));
+    }
+
+    #[test]
+    fn merged_statistics_bound_every_file_and_drop_what_does_not_combine() {
+        let a = r#"{"numRecords":3,"minValues":{"seq":4,"t":"2026-12-07T10:00:00.000Z","x":1.5,"s":{"k":"b"}},"maxValues":{"seq":6,"t":"2026-12-07T10:00:02.000Z","x":2,"s":{"k":"c"}},"nullCount":{"seq":0,"x":1,"s":{"k":0}}}"#;
+        let b = r#"{"numRecords":2,"minValues":{"seq":1,"t":"2026-12-07T09:59:59.000Z","x":-1,"s":{"k":"a"},"only_b":1},"maxValues":{"seq":2,"t":"2026-12-07T10:00:05.000Z","x":"z","s":{"k":"d"}},"nullCount":{"seq":0,"x":2,"s":{"k":1}}}"#;
+        let merged: serde_json::Value =
+            serde_json::from_str(&combined_stats(&[Some(a), Some(b)]).unwrap()).unwrap();
+        assert_eq!(
+            merged,
+            serde_json::json!({
+                "numRecords": 5,
+                "minValues": {"seq": 1, "t": "2026-12-07T09:59:59.000Z", "x": -1, "s": {"k": "a"}},
+                // "x": a number and a string do not compare, so no bound.
+                "maxValues": {"seq": 6, "t": "2026-12-07T10:00:05.000Z", "s": {"k": "d"}},
+                "nullCount": {"seq": 0, "x": 3, "s": {"k": 1}},
+            })
+        );
+        // A file without statistics: the merged file has none.
+        assert_eq!(combined_stats(&[Some(a), None]), None);
+        assert_eq!(combined_stats(&[Some(a), Some("not json")]), None);
     }
 }

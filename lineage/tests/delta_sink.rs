@@ -13,6 +13,7 @@ use aether_lineage::delta::{CHECKPOINT_INTERVAL, DeltaError, DeltaSink};
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use deltalake::arrow::array::{Array, Int64Array, StringArray, TimestampMicrosecondArray};
 use deltalake::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use deltalake::parquet::file::reader::{FileReader, SerializedFileReader};
 use serde_json::value::RawValue;
 use uuid::Uuid;
 
@@ -448,6 +449,33 @@ async fn many_small_appends_are_merged_with_every_row_kept_once() {
             changes.iter().all(|c| c["dataChange"] == false),
             "{actions:?}"
         );
+        // The merged file's statistics are its rows': the oldest files are merged, so
+        // its seqs are consecutive, and a reader skipping files by seq finds them.
+        let add = actions.iter().find_map(|a| a.get("add")).unwrap();
+        let stats: serde_json::Value =
+            serde_json::from_str(add["stats"].as_str().expect("stats")).unwrap();
+        let records = stats["numRecords"].as_i64().unwrap();
+        let (least, greatest) = (
+            stats["minValues"]["seq"].as_i64().unwrap(),
+            stats["maxValues"]["seq"].as_i64().unwrap(),
+        );
+        assert_eq!(greatest - least + 1, records, "{stats}");
+        assert!(records >= FAN_IN as i64, "{stats}");
+        assert_eq!(stats["nullCount"]["seq"], 0, "{stats}");
+        assert!(
+            stats["minValues"]["hash"].as_str() <= stats["maxValues"]["hash"].as_str(),
+            "{stats}"
+        );
+        // Concatenated, not decoded and encoded again: the merged file holds its sources'
+        // row groups as they were, one row each (one event an append).
+        let merged = std::fs::File::open(location.join(add["path"].as_str().unwrap())).unwrap();
+        let reader = SerializedFileReader::new(merged).unwrap();
+        assert_eq!(
+            reader.metadata().num_row_groups() as i64,
+            records,
+            "{stats}"
+        );
+        assert_eq!(reader.metadata().file_metadata().num_rows(), records);
     }
 
     // After a reopen the sink still knows the last hash, though the newest commits are
