@@ -14,7 +14,7 @@ use tracing::Instrument as _;
 use aether_control::rollout_controller::ObservationSender;
 use aether_control::{ControlState, EngineStatus, Origin, RolloutPhase};
 use aether_gpu_worker::{ClearingModel, DeviceChoice, Trade, TradeContext};
-use aether_ledger::hashing::{canonical_json, sm3, to_hex};
+use aether_ledger::hashing::{canonical_json, push_json_string, sm3, to_hex};
 use aether_ledger::{EventStore, NewEvent};
 use aether_rules::Action;
 use chrono::{NaiveDate, Timelike, Utc};
@@ -864,19 +864,30 @@ fn same_trade(answer: Answer, digest: &str) -> Result<Answer, ClearError> {
 /// SM3 over `aether.trade.v1` and the RFC 8785 text of the trade as submitted (parties,
 /// instrument, currency, amount as a decimal string, value date, jurisdiction, tier), in
 /// lowercase hex: what tells a repeat of a request from a different trade under its id.
+///
+/// The RFC 8785 text is written member by member in its order (sorted names, strings
+/// escaped as JCS escapes them), not through a JSON tree and its canonical form: every
+/// request computes it (a test checks the two agree on arbitrary trades).
 pub fn trade_digest(t: &Trade) -> String {
-    let doc = json!({
-        "buyer": t.buyer,
-        "seller": t.seller,
-        "instrument": t.instrument,
-        "currency": t.currency,
-        "amount_minor": t.amount_minor.to_string(),
-        "value_date": t.value_date.to_string(),
-        "jurisdiction": t.jurisdiction,
-        "counterparty_tier": t.counterparty_tier,
-    });
-    let mut bytes = b"aether.trade.v1".to_vec();
-    bytes.extend_from_slice(canonical_json(&doc).unwrap_or_default().as_bytes());
+    let mut bytes = Vec::with_capacity(160 + t.buyer.len() + t.seller.len());
+    let mut out = |b: &[u8]| bytes.extend_from_slice(b);
+    out(b"aether.trade.v1{\"amount_minor\":");
+    push_json_string(&mut out, &t.amount_minor.to_string());
+    out(b",\"buyer\":");
+    push_json_string(&mut out, &t.buyer);
+    out(b",\"counterparty_tier\":");
+    out(t.counterparty_tier.to_string().as_bytes());
+    out(b",\"currency\":");
+    push_json_string(&mut out, &t.currency);
+    out(b",\"instrument\":");
+    push_json_string(&mut out, &t.instrument);
+    out(b",\"jurisdiction\":");
+    push_json_string(&mut out, &t.jurisdiction);
+    out(b",\"seller\":");
+    push_json_string(&mut out, &t.seller);
+    out(b",\"value_date\":");
+    push_json_string(&mut out, &t.value_date.to_string());
+    out(b"}");
     to_hex(&sm3(&bytes))
 }
 
@@ -1068,6 +1079,50 @@ fn rules_request(s: &Submission, t: &Trade) -> serde_json::Map<String, Value> {
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
+
+    /// The digest as the RFC 8785 form of the trade's JSON object (how it was computed
+    /// before it was written directly, and how an outside implementer would).
+    fn digest_of_json(t: &Trade) -> String {
+        let doc = json!({
+            "buyer": t.buyer,
+            "seller": t.seller,
+            "instrument": t.instrument,
+            "currency": t.currency,
+            "amount_minor": t.amount_minor.to_string(),
+            "value_date": t.value_date.to_string(),
+            "jurisdiction": t.jurisdiction,
+            "counterparty_tier": t.counterparty_tier,
+        });
+        let mut bytes = b"aether.trade.v1".to_vec();
+        bytes.extend_from_slice(canonical_json(&doc).unwrap().as_bytes());
+        to_hex(&sm3(&bytes))
+    }
+
+    proptest::proptest! {
+        /// Any text (control characters, quotes, backslashes, non-ASCII), any amount and
+        /// tier, any date: the directly written digest is the JSON object's.
+        #[test]
+        fn the_trade_digest_is_that_of_the_trades_canonical_json(
+            parties in proptest::collection::vec("(.|[\\x00-\\x1f\"\\\\]){0,24}", 5),
+            amount in proptest::num::i64::ANY,
+            tier in proptest::num::u8::ANY,
+            day in 0i64..200_000,
+        ) {
+            let trade = Trade {
+                request_id: "r".into(),
+                member_id: "m".into(),
+                buyer: parties[0].clone(),
+                seller: parties[1].clone(),
+                instrument: parties[2].clone(),
+                currency: parties[3].clone(),
+                amount_minor: amount,
+                value_date: NaiveDate::from_num_days_from_ce_opt(day as i32).unwrap(),
+                jurisdiction: parties[4].clone(),
+                counterparty_tier: tier,
+            };
+            proptest::prop_assert_eq!(trade_digest(&trade), digest_of_json(&trade));
+        }
+    }
 
     fn route(stage: &'static str, rollout: Option<(&str, u32)>) -> Route {
         Route {

@@ -129,8 +129,10 @@ fn decimal(buf: &mut [u8; 20], mut n: u64) -> &[u8] {
     &buf[i..]
 }
 
-/// Writes a JSON string with RFC 8785 escaping (that of ECMAScript `JSON.stringify`).
-fn push_json_string(out: &mut dyn FnMut(&[u8]), s: &str) {
+/// Writes a JSON string with RFC 8785 escaping (that of ECMAScript `JSON.stringify`): for
+/// callers that write a small canonical document of known members directly rather than
+/// through a `serde_json::Value`.
+pub fn push_json_string(out: &mut dyn FnMut(&[u8]), s: &str) {
     out(b"\"");
     let bytes = s.as_bytes();
     let mut start = 0;
