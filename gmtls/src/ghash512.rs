@@ -72,25 +72,19 @@ impl Powers {
 
     #[target_feature(enable = "avx512f,avx512bw,vpclmulqdq,pclmulqdq")]
     fn ghash_wide(&self, aad: &[u8], ciphertext: &[u8]) -> [u8; 16] {
+        // All in one window where it fits: associated data, ciphertext and lengths block.
+        if let Some(mut window) = self.window(aad, ciphertext.len()) {
+            window.sum.add(ciphertext, window.keys, _mm_setzero_si128());
+            return window.finish();
+        }
         let lengths = _mm_set_epi64x(
             (aad.len() as u64 * 8) as i64,
             (ciphertext.len() as u64 * 8) as i64,
         );
+        let y = self.absorb(_mm_setzero_si128(), aad);
+        let y = self.absorb(y, ciphertext);
         let h1 = load128(self.h[WINDOW - 1]);
-        let (a, c) = (aad.len().div_ceil(16), ciphertext.len().div_ceil(16));
-        let y = if a + c < WINDOW {
-            // All in one window: associated data, ciphertext and lengths block.
-            let first = WINDOW - (a + c + 1);
-            let mut sum = Products::default();
-            sum.add(aad, &self.h[first..], _mm_setzero_si128());
-            sum.add(ciphertext, &self.h[first + a..], _mm_setzero_si128());
-            sum.reduce_with(lengths, h1)
-        } else {
-            let y = self.absorb(_mm_setzero_si128(), aad);
-            let y = self.absorb(y, ciphertext);
-            Products::default().reduce_with(_mm_xor_si128(y, lengths), h1)
-        };
-        to_bytes(y)
+        to_bytes(Products::default().reduce_with(_mm_xor_si128(y, lengths), h1))
     }
 
     /// The state after `data`, zero-padded to whole blocks, from state `y`.
