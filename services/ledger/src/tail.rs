@@ -1,21 +1,26 @@
-//! The events this process committed most recently, kept in memory for the followers
-//! (lineage relays, the Merkle log, the checkpointer) that would otherwise read every one
-//! of them back from the database a moment after the writer inserted it.
+//! The events this process committed or read most recently, kept in memory for the
+//! followers (lineage relays, the Merkle log, the checkpointer) that would otherwise read
+//! every one of them back from the database: the writer's batches a moment after it
+//! inserted them, and, in a cluster, the other nodes' events once per process rather than
+//! once per follower.
 //!
-//! Only committed batches are published, in seq order, by the writer itself. The tail holds
-//! one run of consecutive seqs: a batch that does not continue it (another process wrote
-//! in between, or a batch went in alone after a conflict) starts a new run. So a page read
-//! here is exactly what the database holds at those seqs, though it may end sooner: the
-//! database can hold later events written by other processes, which followers find on their
-//! periodic database read.
+//! Only committed events are kept: the writer's batches after their commit, and pages the
+//! followers read from the database. Held batches never overlap and need not be
+//! consecutive (another process may have written in between); a page read here is exactly
+//! what the database holds at those seqs, ending at the first seq not held, so a follower
+//! that gets a short page reads the rest from the database, as it does for writes from
+//! other processes.
 //!
 //! Batches are kept as [`RecordedEvent`]s, made once when published: each follower used to
 //! rebuild its page from the writer's rows, checking every payload's JSON again on the way
 //! (2–3 % of the gateway's CPU under clearing load, with two lineage relays following).
 //! Followers share them (`Arc`) rather than copy them: copying every payload and metadata
-//! text once per relay was another 1.6 % of the gateway's CPU.
+//! text once per relay was another 1.6 % of the gateway's CPU. In a cluster of three nodes
+//! on one machine, each event of another node was read from the database by both relays
+//! of the lease holder, and its hash by the Merkle log and the checkpointer of every node.
+//! The hashes the Merkle log and the checkpointer read are kept too, apart, for the other.
 
-use std::collections::VecDeque;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use serde_json::value::RawValue;
@@ -24,78 +29,134 @@ use crate::event::RecordedEvent;
 use crate::hashing::Hash;
 use crate::store::plan::EventRow;
 
-/// Most events kept.
+/// Most events kept (and, apart, most hashes).
 const MAX_EVENTS: usize = 65_536;
 /// Most payload and metadata bytes kept (1 MiB payloads would otherwise make 64 GiB).
 const MAX_BYTES: usize = 64 << 20;
 
-/// A committed batch as followers share it.
-type Batch = Arc<Vec<Arc<RecordedEvent>>>;
-
-/// Recently committed batches, oldest first, their seqs consecutive.
-#[derive(Default)]
-pub(crate) struct Tail {
-    inner: Mutex<Run>,
+/// What is kept of one event: its seq and what it costs to hold.
+trait Item: Clone {
+    fn seq(&self) -> u64;
+    fn bytes(&self) -> usize;
 }
 
-#[derive(Default)]
-struct Run {
-    batches: VecDeque<Batch>,
+impl Item for Arc<RecordedEvent> {
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    fn bytes(&self) -> usize {
+        self.payload.get().len() + self.metadata.get().len() + self.stream_id.len() + 128
+    }
+}
+
+impl Item for (u64, Hash) {
+    fn seq(&self) -> u64 {
+        self.0
+    }
+
+    fn bytes(&self) -> usize {
+        40
+    }
+}
+
+/// A batch as followers share it: consecutive seqs.
+type Batch<T> = Arc<Vec<T>>;
+
+/// Recently committed events in batches keyed by their first seq, never overlapping.
+struct Held<T> {
+    batches: BTreeMap<u64, Batch<T>>,
     events: usize,
     bytes: usize,
 }
 
-impl Run {
-    fn first_seq(&self) -> Option<u64> {
-        self.batches.front()?.first().map(|e| e.seq)
+impl<T> Default for Held<T> {
+    fn default() -> Self {
+        Held {
+            batches: BTreeMap::new(),
+            events: 0,
+            bytes: 0,
+        }
     }
+}
 
-    fn last_seq(&self) -> Option<u64> {
-        self.batches.back()?.last().map(|e| e.seq)
-    }
-
-    /// The batches holding the `max` rows from `from_seq` on (shared, not copied); `None`
-    /// where the run does not hold `from_seq` (empty when it is the seq after the run).
-    fn batches_from(&self, from_seq: u64, max: usize) -> Option<Vec<Batch>> {
-        let (first, last) = (self.first_seq()?, self.last_seq()?);
-        if from_seq < first || from_seq > last {
+impl<T: Item> Held<T> {
+    /// The batches holding up to `max` items from `from_seq` on while their seqs run on
+    /// (shared, not copied); `None` where no batch holds `from_seq`.
+    fn batches_from(&self, from_seq: u64, max: usize) -> Option<Vec<Batch<T>>> {
+        let (_, first) = self.batches.range(..=from_seq).next_back()?;
+        let mut through = first.last()?.seq();
+        if through < from_seq {
             return None;
         }
-        // Batches are consecutive: the one holding `from_seq` is the last starting at or before it.
-        let start = self
-            .batches
-            .partition_point(|b| b.first().is_some_and(|e| e.seq <= from_seq));
-        // Seqs are consecutive, so a batch's last seq says how many of the rows are wanted.
-        let mut batches = Vec::new();
-        for batch in self.batches.range(start.saturating_sub(1)..) {
-            batches.push(Arc::clone(batch));
-            let through = batch.last().map_or(0, |e| e.seq);
-            if through + 1 >= from_seq.saturating_add(max as u64) {
+        let mut batches = vec![Arc::clone(first)];
+        // Seqs are consecutive within a batch, so a batch's last seq says how many of the
+        // items are wanted.
+        while through + 1 < from_seq.saturating_add(max as u64) {
+            let Some(next) = self.batches.get(&(through + 1)) else {
                 break;
-            }
+            };
+            through = next.last().map_or(through, Item::seq);
+            batches.push(Arc::clone(next));
         }
         Some(batches)
     }
+
+    fn holds(&self, seq: u64) -> bool {
+        self.batches
+            .range(..=seq)
+            .next_back()
+            .and_then(|(_, b)| b.last())
+            .is_some_and(|last| last.seq() >= seq)
+    }
+
+    /// Keeps the items (in seq order) that no batch holds yet, as batches of consecutive
+    /// seqs; then drops the lowest seqs while over the bounds, keeping the newest batch
+    /// even if it alone is over them.
+    fn insert(&mut self, items: impl IntoIterator<Item = T>) {
+        let mut run: Vec<T> = Vec::new();
+        for item in items {
+            let continues = run.last().is_none_or(|last| last.seq() + 1 == item.seq());
+            if !continues || self.holds(item.seq()) {
+                self.add(std::mem::take(&mut run));
+            }
+            if !self.holds(item.seq()) {
+                run.push(item);
+            }
+        }
+        self.add(run);
+        while (self.events > MAX_EVENTS || self.bytes > MAX_BYTES) && self.batches.len() > 1 {
+            if let Some((_, old)) = self.batches.pop_first() {
+                self.events -= old.len();
+                self.bytes -= old.iter().map(Item::bytes).sum::<usize>();
+            }
+        }
+    }
+
+    fn add(&mut self, run: Vec<T>) {
+        let Some(first) = run.first().map(Item::seq) else {
+            return;
+        };
+        self.events += run.len();
+        self.bytes += run.iter().map(Item::bytes).sum::<usize>();
+        self.batches.insert(first, Arc::new(run));
+    }
 }
 
-/// At most `max` events of `batches` from `from_seq` on.
-fn events_of(
-    batches: &[Batch],
-    from_seq: u64,
-    max: usize,
-) -> impl Iterator<Item = &Arc<RecordedEvent>> {
+/// At most `max` items of `batches` from `from_seq` on.
+fn items_of<T: Item>(batches: &[Batch<T>], from_seq: u64, max: usize) -> impl Iterator<Item = &T> {
     batches
         .iter()
         .flat_map(|b| b.iter())
-        .skip_while(move |e| e.seq < from_seq)
+        .skip_while(move |e| e.seq() < from_seq)
         .take(max)
 }
 
-fn bytes_of(events: &[Arc<RecordedEvent>]) -> usize {
-    events
-        .iter()
-        .map(|e| e.payload.get().len() + e.metadata.get().len() + e.stream_id.len() + 128)
-        .sum()
+/// What the followers share: whole events, and apart, hashes read on their own.
+#[derive(Default)]
+pub(crate) struct Tail {
+    events: Mutex<Held<Arc<RecordedEvent>>>,
+    hashes: Mutex<Held<(u64, Hash)>>,
 }
 
 /// A committed row as followers read it; `None` if its text is not JSON, which the writer
@@ -129,49 +190,44 @@ impl Tail {
         let Some(events) = rows.into_iter().map(recorded).collect::<Option<Vec<_>>>() else {
             return;
         };
-        let events = Arc::new(events);
-        let Some(first) = events.first().map(|e| e.seq) else {
-            return;
-        };
-        let Ok(mut run) = self.inner.lock() else {
-            return;
-        };
-        if run.last_seq().is_some_and(|last| last + 1 != first) {
-            *run = Run::default();
-        }
-        run.events += events.len();
-        run.bytes += bytes_of(&events);
-        run.batches.push_back(events);
-        // Keep the newest batch even if it alone is over the bounds.
-        while (run.events > MAX_EVENTS || run.bytes > MAX_BYTES) && run.batches.len() > 1 {
-            if let Some(old) = run.batches.pop_front() {
-                run.events -= old.len();
-                run.bytes -= bytes_of(&old);
-            }
+        self.learn(&events);
+    }
+
+    /// Keeps committed events a follower read from the database, for the other followers.
+    pub(crate) fn learn(&self, events: &[Arc<RecordedEvent>]) {
+        if let Ok(mut held) = self.events.lock() {
+            held.insert(events.iter().cloned());
         }
     }
 
-    /// Up to `max` events from `from_seq` on, if this process committed `from_seq`
-    /// recently; `None` (read the database) otherwise, or when nothing here follows it.
+    /// Keeps committed hashes a follower read from the database, for the other followers.
+    pub(crate) fn learn_hashes(&self, hashes: &[(u64, Hash)]) {
+        if let Ok(mut held) = self.hashes.lock() {
+            held.insert(hashes.iter().copied());
+        }
+    }
+
+    /// Up to `max` events from `from_seq` on, if `from_seq` is held; `None` (read the
+    /// database) otherwise.
     pub(crate) fn events_from(&self, from_seq: u64, max: usize) -> Option<Vec<Arc<RecordedEvent>>> {
         // Only the batches are taken under the lock: the writer publishes through it on
         // every commit and must not wait while a follower takes its page.
-        let batches = self.batches_from(from_seq, max)?;
-        Some(events_of(&batches, from_seq, max).cloned().collect())
+        let batches = self.events.lock().ok()?.batches_from(from_seq, max)?;
+        Some(items_of(&batches, from_seq, max).cloned().collect())
     }
 
-    /// Up to `max` `(seq, hash)` pairs from `from_seq` on, as [`Tail::events_from`].
+    /// Up to `max` `(seq, hash)` pairs from `from_seq` on, as [`Tail::events_from`]: from
+    /// the events held, else from the hashes held.
     pub(crate) fn hashes_from(&self, from_seq: u64, max: usize) -> Option<Vec<(u64, Hash)>> {
-        let batches = self.batches_from(from_seq, max)?;
-        Some(
-            events_of(&batches, from_seq, max)
-                .map(|e| (e.seq, e.hash))
-                .collect(),
-        )
-    }
-
-    fn batches_from(&self, from_seq: u64, max: usize) -> Option<Vec<Batch>> {
-        self.inner.lock().ok()?.batches_from(from_seq, max)
+        if let Some(batches) = self.events.lock().ok()?.batches_from(from_seq, max) {
+            return Some(
+                items_of(&batches, from_seq, max)
+                    .map(|e| (e.seq, e.hash))
+                    .collect(),
+            );
+        }
+        let batches = self.hashes.lock().ok()?.batches_from(from_seq, max)?;
+        Some(items_of(&batches, from_seq, max).copied().collect())
     }
 }
 
@@ -218,7 +274,7 @@ mod tests {
         assert_eq!(seqs(tail.events_from(1, 3)), Some(vec![1, 2, 3]));
         assert_eq!(seqs(tail.events_from(3, 2)), Some(vec![3, 4]));
         // Only the batches a page needs are taken.
-        let run = tail.inner.lock().unwrap();
+        let run = tail.events.lock().unwrap();
         assert_eq!(run.batches_from(1, 3).map(|b| b.len()), Some(1));
         assert_eq!(run.batches_from(3, 2).map(|b| b.len()), Some(2));
         assert_eq!(run.batches_from(2, 100).map(|b| b.len()), Some(3));
@@ -245,10 +301,10 @@ mod tests {
             salt: [7; 16],
         });
         tail.publish(Arc::new(rows));
-        let run = tail.inner.lock().unwrap();
+        let run = tail.events.lock().unwrap();
         assert_eq!(run.events, 1);
         // What is kept is the event as committed: its payload, not the personal value.
-        let kept = &run.batches[0][0];
+        let kept = &run.batches[&1][0];
         assert_eq!(kept.payload.get(), "{\"n\":1}");
         assert!(!format!("{kept:?}").contains("Alice"));
         drop(run);
@@ -281,13 +337,59 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_that_skips_seqs_starts_a_new_run() {
+    fn a_page_ends_where_the_seqs_held_stop() {
         let tail = Tail::default();
         tail.publish(batch(1..=3));
         // Seqs 4 and 5 were written by another process.
         tail.publish(batch(6..=8));
-        assert!(tail.events_from(2, 10).is_none());
+        assert_eq!(seqs(tail.events_from(2, 10)), Some(vec![2, 3]));
+        assert!(tail.events_from(4, 10).is_none());
         assert_eq!(seqs(tail.events_from(6, 10)), Some(vec![6, 7, 8]));
+        // A follower reads them from the database: from then on the run goes on.
+        let read: Vec<_> = (4..=5).filter_map(|s| recorded(row(s))).collect();
+        tail.learn(&read);
+        assert_eq!(
+            seqs(tail.events_from(2, 10)),
+            Some(vec![2, 3, 4, 5, 6, 7, 8])
+        );
+    }
+
+    #[test]
+    fn what_is_held_is_kept_once() {
+        let tail = Tail::default();
+        tail.publish(batch(3..=5));
+        // A page overlapping what is held on both sides: only seqs 1, 2 and 6 are added,
+        // and the events held stay the ones followers already share.
+        let before = tail.events_from(4, 1).unwrap().remove(0);
+        let read: Vec<_> = (1..=6).filter_map(|s| recorded(row(s))).collect();
+        tail.learn(&read);
+        assert_eq!(seqs(tail.events_from(1, 10)), Some(vec![1, 2, 3, 4, 5, 6]));
+        assert!(Arc::ptr_eq(&before, &tail.events_from(4, 1).unwrap()[0]));
+        let held = tail.events.lock().unwrap();
+        assert_eq!(held.events, 6);
+        assert_eq!(
+            held.batches
+                .iter()
+                .map(|(k, b)| (*k, b.len()))
+                .collect::<Vec<_>>(),
+            vec![(1, 2), (3, 3), (6, 1)]
+        );
+    }
+
+    #[test]
+    fn hashes_read_alone_are_kept_apart() {
+        let tail = Tail::default();
+        tail.publish(batch(1..=2));
+        tail.learn_hashes(&[(3, [3; 32]), (4, [4; 32]), (6, [6; 32])]);
+        // Events first, then the hashes held.
+        assert_eq!(tail.hashes_from(2, 10), Some(vec![(2, [2; 32])]));
+        assert_eq!(
+            tail.hashes_from(3, 10),
+            Some(vec![(3, [3; 32]), (4, [4; 32])])
+        );
+        assert_eq!(tail.hashes_from(6, 10), Some(vec![(6, [6; 32])]));
+        assert!(tail.hashes_from(5, 10).is_none());
+        assert!(tail.events_from(3, 10).is_none());
     }
 
     #[test]
@@ -301,11 +403,11 @@ mod tests {
         assert!(tail.events_from(1, 1).is_none());
         let newest = (batches - 1) * per + 1;
         assert_eq!(seqs(tail.events_from(newest, 1)), Some(vec![newest]));
-        let run = tail.inner.lock().unwrap();
+        let run = tail.events.lock().unwrap();
         assert!(run.events <= MAX_EVENTS);
         assert_eq!(
             run.events,
-            run.batches.iter().map(|b| b.len()).sum::<usize>()
+            run.batches.values().map(|b| b.len()).sum::<usize>()
         );
     }
 }

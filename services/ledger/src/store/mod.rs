@@ -887,8 +887,8 @@ impl EventStore {
     }
 
     /// Up to `limit` committed events from `from_seq` on, for a follower of the ledger:
-    /// from memory when this process committed `from_seq` recently, else from the
-    /// database. A page from memory is what the database holds at those seqs but may end
+    /// from memory when this process committed or read `from_seq` recently, else from
+    /// the database (and then kept for the other followers). A page from memory is what the database holds at those seqs but may end
     /// sooner (later events written by other processes), so a follower that sees a short
     /// page must still read again later, as it does for writes from other processes.
     ///
@@ -900,12 +900,16 @@ impl EventStore {
     ) -> Result<Vec<Arc<RecordedEvent>>, LedgerError> {
         match self.inner.tail.events_from(from_seq, limit as usize) {
             Some(page) if !page.is_empty() => Ok(page),
-            _ => Ok(self
-                .read_all(from_seq, limit)
-                .await?
-                .into_iter()
-                .map(Arc::new)
-                .collect()),
+            _ => {
+                let page: Vec<Arc<RecordedEvent>> = self
+                    .read_all(from_seq, limit)
+                    .await?
+                    .into_iter()
+                    .map(Arc::new)
+                    .collect();
+                self.inner.tail.learn(&page);
+                Ok(page)
+            }
         }
     }
 
@@ -917,7 +921,11 @@ impl EventStore {
     ) -> Result<Vec<(u64, Hash)>, LedgerError> {
         match self.inner.tail.hashes_from(from_seq, limit as usize) {
             Some(page) if !page.is_empty() => Ok(page),
-            _ => self.read_hashes(from_seq, limit).await,
+            _ => {
+                let page = self.read_hashes(from_seq, limit).await?;
+                self.inner.tail.learn_hashes(&page);
+                Ok(page)
+            }
         }
     }
 
@@ -1164,5 +1172,43 @@ mod tests {
         assert_eq!(from_tail.len(), 3);
         assert!(!from_tail[0].payload.get().contains("Alice"));
         store.shutdown().await;
+    }
+
+    /// Events another process wrote are read from the database once: the first follower's
+    /// page is kept, and the next follower of this process shares it; hashes read alone
+    /// likewise.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn another_writers_events_are_read_once_per_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("ledger.db").display());
+        let writer = EventStore::connect(&url, StoreConfig::default())
+            .await
+            .unwrap();
+        let reader = EventStore::connect(&url, StoreConfig::default())
+            .await
+            .unwrap();
+        for n in 0..4 {
+            let event = NewEvent::new("ClearingDecided", json!({"n": n}));
+            writer
+                .append("clearing/m1", ExpectedVersion::Any, vec![event])
+                .await
+                .unwrap();
+        }
+        assert!(reader.inner.tail.events_from(1, 10).is_none());
+        assert!(reader.inner.tail.hashes_from(1, 10).is_none());
+        let hashes = reader.read_hashes_following(3, 10).await.unwrap();
+        assert_eq!(hashes.iter().map(|h| h.0).collect::<Vec<_>>(), vec![3, 4]);
+        assert_eq!(reader.inner.tail.hashes_from(3, 10), Some(hashes));
+        let first = reader.read_following(1, 10).await.unwrap();
+        assert_eq!(first.len(), 4);
+        let second = reader.read_following(2, 10).await.unwrap();
+        assert_eq!(second.len(), 3);
+        assert!(Arc::ptr_eq(&first[1], &second[0]), "shared, not read again");
+        assert_eq!(
+            reader.inner.tail.hashes_from(1, 10).map(|h| h.len()),
+            Some(4)
+        );
+        writer.shutdown().await;
+        reader.shutdown().await;
     }
 }
