@@ -147,6 +147,34 @@ impl Gatherer {
         batch
     }
 
+    /// Adds to `batch`, without waiting, the appends ready now, up to `max_batch` events.
+    fn top_up(&mut self, batch: &mut Vec<Pending>) {
+        let mut size: usize = batch.iter().map(Pending::events).sum();
+        while size < self.max_batch {
+            let p = match self.queue.pop_front() {
+                Some(p) => p,
+                None if self.done() => break,
+                None => match self.rx.try_recv() {
+                    Ok(m) => match self.accept(Some(m)) {
+                        Some(p) => p,
+                        None => break,
+                    },
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => {
+                        self.closed = true;
+                        break;
+                    }
+                },
+            };
+            if size + p.events() > self.max_batch {
+                self.queue.push_front(p);
+                break;
+            }
+            size += p.events();
+            batch.push(p);
+        }
+    }
+
     /// Waits until an append (or a shutdown) is at hand and keeps it for [`Self::next`].
     /// Cancel-safe: dropped while waiting, it has taken nothing from the channel.
     async fn wait_first(&mut self) {
@@ -361,10 +389,19 @@ pub(crate) async fn run(
         if batch.is_empty() {
             continue;
         }
-        let requests: Vec<&[StreamAppend]> = batch.iter().map(|p| p.appends.as_slice()).collect();
         if let (true, Some(pool)) = (locked, db.postgres()) {
-            let written = write_locked(pool, &mut cache, &mut contention, &requests).await;
-            drop(requests);
+            let mut batch = batch;
+            let written = match lock_chain(pool, &cache).await {
+                Ok((lock, chain)) => {
+                    // What queued while the lock was awaited goes in with this batch
+                    // rather than waiting for the lock once more.
+                    gatherer.top_up(&mut batch);
+                    let requests: Vec<&[StreamAppend]> =
+                        batch.iter().map(|p| p.appends.as_slice()).collect();
+                    commit_locked(lock, chain, &mut cache, &mut contention, &requests).await
+                }
+                Err(e) => Err(e),
+            };
             match written {
                 Ok((rows, outcomes)) => {
                     tail.publish(rows);
@@ -390,6 +427,7 @@ pub(crate) async fn run(
             }
             continue;
         }
+        let requests: Vec<&[StreamAppend]> = batch.iter().map(|p| p.appends.as_slice()).collect();
         let plan = match planned {
             Some(Ok(plan)) if plan.conflicts.is_empty() => Ok(plan),
             // No optimistic plan, a failed read, or expected-version conflicts that need a
@@ -638,9 +676,33 @@ async fn write_locked(
     contention: &mut Contention,
     requests: &[&[StreamAppend]],
 ) -> Result<(Arc<Vec<EventRow>>, Vec<RequestOutcome>), sqlx::Error> {
+    let (locked, chain) = lock_chain(pool, cache).await?;
+    commit_locked(locked, chain, cache, contention, requests).await
+}
+
+/// Takes the append lock and reads the chain as it stands inside it.
+async fn lock_chain(
+    pool: &sqlx::PgPool,
+    cache: &ChainCache,
+) -> Result<
+    (
+        crate::store::postgres::LockedAppend,
+        crate::store::postgres::ChainInLock,
+    ),
+    sqlx::Error,
+> {
     let after = cache.head.flatten().map(|h| h.seq);
-    let (mut locked, chain) =
-        crate::store::postgres::LockedAppend::begin(pool, after, MAX_CATCH_UP_ROWS).await?;
+    crate::store::postgres::LockedAppend::begin(pool, after, MAX_CATCH_UP_ROWS).await
+}
+
+/// Plans `requests` on `chain` and commits them in the lock's transaction, releasing it.
+async fn commit_locked(
+    mut locked: crate::store::postgres::LockedAppend,
+    chain: crate::store::postgres::ChainInLock,
+    cache: &mut ChainCache,
+    contention: &mut Contention,
+    requests: &[&[StreamAppend]],
+) -> Result<(Arc<Vec<EventRow>>, Vec<RequestOutcome>), sqlx::Error> {
     let plan = match plan_locked(&mut locked, chain, cache, contention, requests).await {
         Ok(plan) => plan,
         Err(e) => {
