@@ -540,6 +540,11 @@ async fn finish(
         // the batch did not commit, so each request is tried alone and only the offender
         // fails, never the other callers that happened to share its batch.
         Err(InsertError::Sql(e)) if is_unique_violation(&e) || is_refused_row(&e) => {
+            if violates(&e, SEQ_KEY) {
+                // Another process took these seqs: plan under the append lock from now on
+                // (the retries below may well win their race and never show it).
+                contention.seen();
+            }
             for p in batch {
                 let outcome = write_alone(db, cache, contention, &p.appends).await;
                 answer(vec![p], vec![outcome], committed);
@@ -893,6 +898,8 @@ fn is_unique_violation(e: &sqlx::Error) -> bool {
 
 /// The unique index that allows one decision per stream and request id.
 const ONE_DECISION_INDEX: &str = "events_one_decision";
+/// The primary key on `seq` (PostgreSQL's name): a batch refused by it met another writer.
+const SEQ_KEY: &str = "events_pkey";
 
 /// Whether the database named `index` as the one the row violated (PostgreSQL names the
 /// constraint; SQLite's message names the index or its columns).

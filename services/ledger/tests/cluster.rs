@@ -11,6 +11,7 @@ use aether_ledger::{
     CheckpointPolicy, EventStore, ExpectedVersion, LedgerError, NewEvent, StoreConfig, verify_store,
 };
 use serde_json::json;
+use sqlx::Connection;
 
 async fn open(db: &TestDatabase) -> EventStore {
     EventStore::connect(&db.url, StoreConfig::default())
@@ -321,6 +322,67 @@ async fn two_busy_writers_get_every_append_through() {
         assert_eq!(seen.len(), stored.len());
         assert!(seen == stored, "a follower saw other events than stored");
     }
+    a.shutdown().await;
+    b.shutdown().await;
+    db.drop_database().await;
+}
+
+/// A node under the append lock takes in, with its batch, the appends that queued while it
+/// awaited the lock: they commit with it (one batch, one `recorded_at`) instead of each
+/// waiting for the lock once more, which with three nodes on one machine cost a quarter of
+/// the throughput.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_that_queue_for_the_lock_go_in_with_the_batch_that_holds_it() {
+    let db = TestDatabase::create().await;
+    let a = open(&db).await;
+    let b = open(&db).await;
+    let one = |n: u64| vec![NewEvent::new("Traded", json!({"n": n}))];
+    // A meets B's write and appends under the lock from then on.
+    for (store, n) in [(&a, 0), (&b, 1), (&a, 2)] {
+        store
+            .append("trades/warm-up", ExpectedVersion::Any, one(n))
+            .await
+            .unwrap();
+    }
+    let before = head(&a).await;
+    let mut holder = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut holder).await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock(27414623383024161)")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let append = |n: u64| {
+        let a = a.clone();
+        tokio::spawn(async move {
+            a.append(&format!("trades/{n}"), ExpectedVersion::Any, one(n))
+                .await
+        })
+    };
+    // The first append's batch is waiting for the lock before the others arrive.
+    let mut appends = vec![append(10)];
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    appends.extend((11..30).map(append));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        head(&b).await,
+        before,
+        "nothing goes in while the lock is held"
+    );
+    sqlx::query("COMMIT").execute(&mut holder).await.unwrap();
+    for task in appends {
+        task.await.unwrap().unwrap();
+    }
+    let recorded: Vec<(i64, chrono::DateTime<chrono::Utc>)> =
+        sqlx::query_as("SELECT seq, recorded_at FROM events WHERE seq > $1 ORDER BY seq")
+            .bind(i64::try_from(before).unwrap())
+            .fetch_all(&mut holder)
+            .await
+            .unwrap();
+    assert_eq!(recorded.len(), 20);
+    assert!(
+        recorded.iter().all(|(_, at)| *at == recorded[0].1),
+        "one batch: {recorded:?}"
+    );
     a.shutdown().await;
     b.shutdown().await;
     db.drop_database().await;
