@@ -1143,16 +1143,21 @@ mod tests {
 
     use super::*;
 
+    /// A store on the SQLite ledger file in `dir` (several may share it, as processes do).
+    async fn sqlite_store(dir: &tempfile::TempDir) -> EventStore {
+        let url = format!("sqlite:{}", dir.path().join("ledger.db").display());
+        EventStore::connect(&url, StoreConfig::default())
+            .await
+            .unwrap()
+    }
+
     /// What the writer commits reaches the followers' tail, personal values left out, on
     /// the real write path (a writer that never published would only show as load on the
     /// database).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn committed_batches_reach_the_followers_tail() {
         let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite:{}", dir.path().join("ledger.db").display());
-        let store = EventStore::connect(&url, StoreConfig::default())
-            .await
-            .unwrap();
+        let store = sqlite_store(&dir).await;
         for n in 0..3 {
             let mut personal = serde_json::Map::new();
             personal.insert("buyer".into(), json!("Alice"));
@@ -1180,13 +1185,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn another_writers_events_are_read_once_per_process() {
         let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite:{}", dir.path().join("ledger.db").display());
-        let writer = EventStore::connect(&url, StoreConfig::default())
-            .await
-            .unwrap();
-        let reader = EventStore::connect(&url, StoreConfig::default())
-            .await
-            .unwrap();
+        let writer = sqlite_store(&dir).await;
+        let reader = sqlite_store(&dir).await;
         for n in 0..4 {
             let event = NewEvent::new("ClearingDecided", json!({"n": n}));
             writer
