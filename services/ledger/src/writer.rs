@@ -112,44 +112,26 @@ impl Gatherer {
             Duration::ZERO
         };
         let deadline = Instant::now() + wait;
-        while size < self.max_batch {
-            if let Some(p) = self.queue.pop_front() {
-                if size + p.events() > self.max_batch {
-                    self.queue.push_front(p);
-                    break;
-                }
-                size += p.events();
-                batch.push(p);
-                continue;
-            }
-            if self.done() {
+        loop {
+            size = self.top_up(&mut batch, size);
+            // Full (or an append left queued for the next), stopping, or not to wait.
+            if size >= self.max_batch || !self.queue.is_empty() || self.done() || wait.is_zero() {
                 break;
             }
-            let msg = match self.rx.try_recv() {
-                Ok(m) => Some(m),
-                Err(mpsc::error::TryRecvError::Disconnected) => None,
-                Err(mpsc::error::TryRecvError::Empty) if wait.is_zero() => break,
-                Err(mpsc::error::TryRecvError::Empty) => {
-                    match gather_more(&mut self.rx, deadline).await {
-                        Some(m) => Some(m),
-                        None => break,
-                    }
+            match gather_more(&mut self.rx, deadline).await {
+                Some(m) => {
+                    let Some(p) = self.accept(Some(m)) else { break };
+                    self.queue.push_back(p);
                 }
-            };
-            let Some(p) = self.accept(msg) else { break };
-            if size + p.events() > self.max_batch {
-                self.queue.push_back(p);
-                break;
+                None => break,
             }
-            size += p.events();
-            batch.push(p);
         }
         batch
     }
 
-    /// Adds to `batch`, without waiting, the appends ready now, up to `max_batch` events.
-    fn top_up(&mut self, batch: &mut Vec<Pending>) {
-        let mut size: usize = batch.iter().map(Pending::events).sum();
+    /// Adds to `batch` (of `size` events), without waiting, the appends ready now, up to
+    /// `max_batch` events; returns its size.
+    fn top_up(&mut self, batch: &mut Vec<Pending>, mut size: usize) -> usize {
         while size < self.max_batch {
             let p = match self.queue.pop_front() {
                 Some(p) => p,
@@ -173,6 +155,7 @@ impl Gatherer {
             size += p.events();
             batch.push(p);
         }
+        size
     }
 
     /// Waits until an append (or a shutdown) is at hand and keeps it for [`Self::next`].
@@ -395,7 +378,8 @@ pub(crate) async fn run(
                 Ok((lock, chain)) => {
                     // What queued while the lock was awaited goes in with this batch
                     // rather than waiting for the lock once more.
-                    gatherer.top_up(&mut batch);
+                    let size = batch.iter().map(Pending::events).sum();
+                    gatherer.top_up(&mut batch, size);
                     let requests: Vec<&[StreamAppend]> =
                         batch.iter().map(|p| p.appends.as_slice()).collect();
                     commit_locked(lock, chain, &mut cache, &mut contention, &requests).await
