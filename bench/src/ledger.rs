@@ -247,9 +247,11 @@ async fn baseline_sqlite(url: &str, secs: u64, payload_bytes: usize) -> anyhow::
         );
         insert.push_values(seq..seq + 500, |mut b, n| {
             let hash = aether_ledger::hashing::sm3(&n.to_be_bytes());
+            // The ledger run's streams: 64, each row going to the next (seq n is version
+            // n / 64 + 1 of stream n % 64), so the stream index takes the same inserts.
             b.push_bind(n)
-                .push_bind("baseline/0")
-                .push_bind(n)
+                .push_bind(format!("clearing/member-{:04}", n % 64))
+                .push_bind(n / 64 + 1)
                 .push_bind(uuid::Uuid::now_v7())
                 .push_bind("ClearingDecided")
                 .push_bind(1i32)
