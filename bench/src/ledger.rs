@@ -58,6 +58,11 @@ impl RunResult {
     }
 }
 
+/// The stream of the `n`th appender or event: 64 streams, as a clearing house's members.
+fn stream_of(n: u64) -> String {
+    format!("clearing/member-{:04}", n % 64)
+}
+
 /// `concurrency` appenders, each appending one event at a time, for `secs`.
 async fn closed_loop(
     store: &EventStore,
@@ -73,7 +78,7 @@ async fn closed_loop(
             let stop = stop.clone();
             tokio::spawn(async move {
                 let mut latencies = Vec::new();
-                let stream = format!("clearing/member-{:04}", t % 64);
+                let stream = stream_of(t as u64);
                 let mut n = t as u64 * 1_000_000;
                 while !stop.load(Ordering::Relaxed) {
                     let begun = Instant::now();
@@ -119,7 +124,7 @@ async fn open_loop(store: &EventStore, rate: u64, secs: u64, payload_bytes: usiz
         tasks.push(tokio::spawn(async move {
             let begun = Instant::now();
             let e = NewEvent::new("ClearingDecided", payload(payload_bytes, n));
-            let stream = format!("clearing/member-{:04}", n % 64);
+            let stream = stream_of(n);
             store
                 .append(&stream, ExpectedVersion::Any, vec![e])
                 .await
@@ -247,10 +252,10 @@ async fn baseline_sqlite(url: &str, secs: u64, payload_bytes: usize) -> anyhow::
         );
         insert.push_values(seq..seq + 500, |mut b, n| {
             let hash = aether_ledger::hashing::sm3(&n.to_be_bytes());
-            // The ledger run's streams: 64, each row going to the next (seq n is version
-            // n / 64 + 1 of stream n % 64), so the stream index takes the same inserts.
+            // The ledger run's streams, each row going to the next (seq n is version
+            // n / 64 + 1 of `stream_of(n)`), so the stream index takes the same inserts.
             b.push_bind(n)
-                .push_bind(format!("clearing/member-{:04}", n % 64))
+                .push_bind(stream_of(n as u64))
                 .push_bind(n / 64 + 1)
                 .push_bind(uuid::Uuid::now_v7())
                 .push_bind("ClearingDecided")
