@@ -59,7 +59,7 @@ impl RunResult {
 }
 
 /// The stream of the `n`th appender or event: 64 streams, as a clearing house's members.
-fn stream_of(n: u64) -> String {
+pub(crate) fn stream_of(n: u64) -> String {
     format!("clearing/member-{:04}", n % 64)
 }
 

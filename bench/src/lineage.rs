@@ -247,7 +247,7 @@ fn synthetic(seq: u64, prev_hash: aether_ledger::Hash, payload_bytes: usize) -> 
     let raw = |v: String| serde_json::value::RawValue::from_string(v);
     RecordedEvent {
         seq,
-        stream_id: format!("clearing/member-{:04}", seq % 64),
+        stream_id: crate::ledger::stream_of(seq),
         stream_version: seq / 64 + 1,
         event_id: uuid::Uuid::now_v7(),
         event_type: "ClearingDecided".into(),
