@@ -168,24 +168,24 @@ async fn baseline_copy(
     let next_seq = Arc::new(std::sync::atomic::AtomicI64::new(1));
     let started = Instant::now();
     let mut tasks = Vec::with_capacity(writers);
-    for w in 0..writers {
+    for _ in 0..writers {
         let mut conn = PgConnection::connect(url).await?;
         let (stop, next_seq, text) = (stop.clone(), next_seq.clone(), text.clone());
         tasks.push(tokio::spawn(async move {
-            let stream = format!("baseline/{w}");
             let mut rows = 0u64;
-            let mut version = 0i64;
             while !stop.load(Ordering::Relaxed) {
                 let first = next_seq.fetch_add(500, Ordering::Relaxed);
                 let now = chrono::Utc::now();
                 let mut data = BinaryRows::new(11, 500 * (text.len() + 200));
                 for seq in first..first + 500 {
-                    version += 1;
                     let hash = aether_ledger::hashing::sm3(&seq.to_be_bytes());
+                    // The ledger run's 64 streams, each row going to the next (seq n is
+                    // version n / 64 + 1 of `stream_of(n)`), so the stream index takes
+                    // inserts at as many places as the ledger's batches give it.
                     data.row()
                         .int8(seq)
-                        .text(&stream)?
-                        .int8(version)
+                        .text(&stream_of(seq as u64))?
+                        .int8(seq / 64 + 1)
                         .uuid(&uuid::Uuid::now_v7())
                         .text("ClearingDecided")?
                         .int4(1)
