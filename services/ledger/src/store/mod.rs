@@ -1161,8 +1161,8 @@ mod tests {
     }
 
     /// SQLite copies the WAL back into the database file only after ~40 MiB of it (see
-    /// [`SQLITE_WAL_AUTOCHECKPOINT`]), on every connection of the pool: with SQLite's own
-    /// setting the WAL file would stop growing near 4 MiB.
+    /// [`SQLITE_WAL_AUTOCHECKPOINT`]): with SQLite's own setting the WAL file would stop
+    /// growing near 4 MiB.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_sqlite_wal_is_checkpointed_after_tens_of_mebibytes() {
         let dir = tempfile::tempdir().unwrap();
