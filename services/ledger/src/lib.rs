@@ -40,7 +40,8 @@ pub use hashing::Hash;
 pub use merkle_log::MerkleLog;
 pub use store::{
     AppendToStream, Direction, EventFilter, EventStore, FILTERABLE_METADATA, MAX_LOOKUP_VALUES,
-    MetadataLookup, PreparedAppend, PreparedEvent, StoreConfig, redact_url,
+    MetadataLookup, PreparedAppend, PreparedEvent, SQLITE_WAL_AUTOCHECKPOINT, StoreConfig,
+    redact_url,
 };
 pub use subscription::Subscription;
 pub use verify::{

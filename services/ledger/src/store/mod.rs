@@ -56,8 +56,9 @@ pub const MAX_LOOKUP_VALUES: usize = 1_000;
 /// change in every batch, and a checkpoint writes each page once however often it changed
 /// since the last one, so checkpointing a tenth as often writes far fewer pages; at 1,000
 /// checkpoints were a sixth of SQLite's time under clearing load. Durability is the WAL's
-/// own `fsync` at each commit either way; a restart replays at most this much WAL.
-const SQLITE_WAL_AUTOCHECKPOINT: &str = "10000";
+/// own `fsync` at each commit either way; a restart replays at most this much WAL. Public
+/// so that the benches' raw SQLite baselines run with the ledger's own settings.
+pub const SQLITE_WAL_AUTOCHECKPOINT: &str = "10000";
 
 /// Repeated metadata lookups from one task: [`EventStore::metadata_lookup`].
 pub struct MetadataLookup {
