@@ -5,8 +5,8 @@
 //! previous request's) through a group commit like the ledger's (batches of at most
 //! `max_batch` requests gathered for at most `max_wait`; on PostgreSQL one binary `COPY`
 //! per batch with `synchronous_commit` on, on SQLite one multi-row `INSERT` per
-//! `BEGIN IMMEDIATE` transaction in WAL mode with `synchronous = FULL` and the ledger's WAL
-//! checkpoint interval, as the ledger writes each), and answers, sealed, only after the commit. Nothing else: no rules, no scoring,
+//! `BEGIN IMMEDIATE` transaction with the ledger's SQLite settings, as the ledger writes
+//! each), and answers, sealed, only after the commit. Nothing else: no rules, no scoring,
 //! no netting, no lineage, no checkpoints.
 //!
 //! The gateway's throughput against this one says how close a decision gets to the cost
@@ -215,16 +215,7 @@ enum Sink {
 impl Sink {
     async fn open(database_url: &str) -> anyhow::Result<Sink> {
         if database_url.starts_with("sqlite:") {
-            use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
-            use std::str::FromStr as _;
-            let options = SqliteConnectOptions::from_str(database_url)?
-                .create_if_missing(true)
-                .journal_mode(SqliteJournalMode::Wal)
-                .synchronous(SqliteSynchronous::Full)
-                .pragma(
-                    "wal_autocheckpoint",
-                    aether_ledger::SQLITE_WAL_AUTOCHECKPOINT,
-                );
+            let options = aether_ledger::sqlite_options(database_url)?.create_if_missing(true);
             let mut conn = sqlx::SqliteConnection::connect_with(&options).await?;
             sqlx::raw_sql(&format!(
                 "DROP TABLE IF EXISTS {TABLE}; CREATE TABLE {TABLE} (seq INTEGER PRIMARY KEY, \

@@ -215,19 +215,11 @@ async fn baseline_copy(
 /// The physical limit of the same write on SQLite (the embedded default): rows shaped like
 /// ledger rows (a copy of `events`' own DDL and indexes, without its append-only triggers)
 /// inserted as the ledger's writer inserts them, one multi-row `INSERT` per 500-row
-/// `BEGIN IMMEDIATE` transaction, on a connection with the ledger's settings (WAL,
-/// `synchronous = FULL`, its checkpoint interval); SQLite has one writer, so one connection. No chain to plan, no
-/// validation, no triggers.
+/// `BEGIN IMMEDIATE` transaction, on a connection with the ledger's settings
+/// ([`aether_ledger::sqlite_options`]); SQLite has one writer, so one connection. No chain
+/// to plan, no validation, no triggers.
 async fn baseline_sqlite(url: &str, secs: u64, payload_bytes: usize) -> anyhow::Result<f64> {
-    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
-    use std::str::FromStr as _;
-    let options = SqliteConnectOptions::from_str(url)?
-        .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(SqliteSynchronous::Full)
-        .pragma(
-            "wal_autocheckpoint",
-            aether_ledger::SQLITE_WAL_AUTOCHECKPOINT,
-        );
+    let options = aether_ledger::sqlite_options(url)?;
     let mut conn = sqlx::SqliteConnection::connect_with(&options).await?;
     let ddl: Vec<String> = sqlx::query_scalar(
         "SELECT sql FROM sqlite_master WHERE tbl_name = 'events' AND sql IS NOT NULL \

@@ -41,7 +41,7 @@ pub use merkle_log::MerkleLog;
 pub use store::{
     AppendToStream, Direction, EventFilter, EventStore, FILTERABLE_METADATA, MAX_LOOKUP_VALUES,
     MetadataLookup, PreparedAppend, PreparedEvent, SQLITE_WAL_AUTOCHECKPOINT, StoreConfig,
-    redact_url,
+    redact_url, sqlite_options,
 };
 pub use subscription::Subscription;
 pub use verify::{

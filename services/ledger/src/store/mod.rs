@@ -56,9 +56,18 @@ pub const MAX_LOOKUP_VALUES: usize = 1_000;
 /// change in every batch, and a checkpoint writes each page once however often it changed
 /// since the last one, so checkpointing a tenth as often writes far fewer pages; at 1,000
 /// checkpoints were a sixth of SQLite's time under clearing load. Durability is the WAL's
-/// own `fsync` at each commit either way; a restart replays at most this much WAL. Public
-/// so that the benches' raw SQLite baselines run with the ledger's own settings.
+/// own `fsync` at each commit either way; a restart replays at most this much WAL.
 pub const SQLITE_WAL_AUTOCHECKPOINT: &str = "10000";
+
+/// The ledger's SQLite durability settings for a connection to `url`: WAL, `synchronous =
+/// FULL` (an acknowledged commit survives a crash) and [`SQLITE_WAL_AUTOCHECKPOINT`]. The
+/// benches' raw SQLite baselines open their files with these too.
+pub fn sqlite_options(url: &str) -> Result<SqliteConnectOptions, sqlx::Error> {
+    Ok(SqliteConnectOptions::from_str(url)?
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Full)
+        .pragma("wal_autocheckpoint", SQLITE_WAL_AUTOCHECKPOINT))
+}
 
 /// Repeated metadata lookups from one task: [`EventStore::metadata_lookup`].
 pub struct MetadataLookup {
@@ -433,12 +442,9 @@ impl EventStore {
             postgres::migrate(&pool).await?;
             Self::start(Db::Postgres(pool), config, failover).await
         } else if url.starts_with("sqlite:") {
-            let options = SqliteConnectOptions::from_str(url)?
+            let options = sqlite_options(url)?
                 .create_if_missing(true)
-                .journal_mode(SqliteJournalMode::Wal)
-                .synchronous(SqliteSynchronous::Full)
-                .busy_timeout(Duration::from_secs(10))
-                .pragma("wal_autocheckpoint", SQLITE_WAL_AUTOCHECKPOINT);
+                .busy_timeout(Duration::from_secs(10));
             let in_memory = url.contains(":memory:") || url.contains("mode=memory");
             let pool = SqlitePoolOptions::new()
                 .max_connections(if in_memory { 1 } else { config.max_connections })
