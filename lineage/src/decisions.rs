@@ -36,6 +36,8 @@ pub const DECISIONS_APP_ID: &str = "aether-clearing-decisions";
 pub const DECISIONS_TABLE: &str = "clearing_decisions";
 /// The ledger event type that makes a row.
 pub const CLEARING_DECIDED: &str = "ClearingDecided";
+/// The ledger event type of a scoring batch's netting, appended with its decisions.
+pub const NETTING_COMPUTED: &str = "NettingComputed";
 
 /// Columns, in order. Amounts are decimal strings (they may exceed 64 bits once summed
 /// downstream; a reader casts to DECIMAL(38,0)); lists are JSON text.

@@ -24,23 +24,62 @@ pub const AETHER_LEDGER_FACET_SCHEMA: &str = include_str!("../schemas/aether_led
 /// The base URL in the `$id` of [`AETHER_LEDGER_FACET_SCHEMA`] as stored.
 pub const SCHEMA_ID_BASE_URL: &str = "https://aether.example";
 
-/// `{base}/openlineage/facets/aether_ledger/1-0-0.json`: the facet's `_schemaURL` when Aether
-/// serves its schemas under `base` (a trailing `/` on `base` is ignored).
-pub fn aether_ledger_schema_url(base: &str) -> String {
+/// Key of the scoring-batch facet in a `clearing.batch` run's facets.
+pub const AETHER_CLEARING_BATCH_FACET: &str = "aether_clearing_batch";
+
+/// Version of the scoring-batch facet's schema.
+pub const AETHER_CLEARING_BATCH_FACET_VERSION: &str = "1-0-0";
+
+/// The scoring-batch facet's JSON schema, as written in
+/// `schemas/aether_clearing_batch-1-0-0.json` (its `$id` uses [`SCHEMA_ID_BASE_URL`]).
+pub const AETHER_CLEARING_BATCH_FACET_SCHEMA: &str =
+    include_str!("../schemas/aether_clearing_batch-1-0-0.json");
+
+/// `{base}/openlineage/facets/{facet}/{version}.json`: a custom facet's `_schemaURL` when
+/// Aether serves its schemas under `base` (a trailing `/` on `base` is ignored).
+fn facet_schema_url(base: &str, facet: &str, version: &str) -> String {
     format!(
-        "{}/openlineage/facets/{AETHER_LEDGER_FACET}/{AETHER_LEDGER_FACET_VERSION}.json",
+        "{}/openlineage/facets/{facet}/{version}.json",
         base.trim_end_matches('/')
     )
 }
 
-/// The facet's schema document as served under `base`: [`AETHER_LEDGER_FACET_SCHEMA`] with
-/// its `$id` set to [`aether_ledger_schema_url`]`(base)`, so that a validator resolves it
-/// at the URL the facets name.
-pub fn aether_ledger_facet_schema(base: &str) -> serde_json::Value {
-    let mut schema: serde_json::Value = serde_json::from_str(AETHER_LEDGER_FACET_SCHEMA)
-        .expect("the facet schema shipped in this crate is JSON (checked by the tests)");
-    schema["$id"] = serde_json::Value::String(aether_ledger_schema_url(base));
+/// `{base}/openlineage/facets/aether_ledger/1-0-0.json`: the facet's `_schemaURL` when Aether
+/// serves its schemas under `base` (a trailing `/` on `base` is ignored).
+pub fn aether_ledger_schema_url(base: &str) -> String {
+    facet_schema_url(base, AETHER_LEDGER_FACET, AETHER_LEDGER_FACET_VERSION)
+}
+
+/// `{base}/openlineage/facets/aether_clearing_batch/1-0-0.json`.
+pub fn aether_clearing_batch_schema_url(base: &str) -> String {
+    facet_schema_url(
+        base,
+        AETHER_CLEARING_BATCH_FACET,
+        AETHER_CLEARING_BATCH_FACET_VERSION,
+    )
+}
+
+/// A stored schema document with its `$id` set to `url`, so that a validator resolves it at
+/// the URL the facets name.
+fn served(stored: &str, url: String) -> serde_json::Value {
+    let mut schema: serde_json::Value = serde_json::from_str(stored)
+        .expect("the facet schemas shipped in this crate are JSON (checked by the tests)");
+    schema["$id"] = serde_json::Value::String(url);
     schema
+}
+
+/// The facet's schema document as served under `base`: [`AETHER_LEDGER_FACET_SCHEMA`] with
+/// its `$id` set to [`aether_ledger_schema_url`]`(base)`.
+pub fn aether_ledger_facet_schema(base: &str) -> serde_json::Value {
+    served(AETHER_LEDGER_FACET_SCHEMA, aether_ledger_schema_url(base))
+}
+
+/// The scoring-batch facet's schema document as served under `base`.
+pub fn aether_clearing_batch_facet_schema(base: &str) -> serde_json::Value {
+    served(
+        AETHER_CLEARING_BATCH_FACET_SCHEMA,
+        aether_clearing_batch_schema_url(base),
+    )
 }
 
 /// Where a run's ledger event sits in Aether's hash-chained ledger.
@@ -98,6 +137,53 @@ impl AetherLedgerRunFacet {
     }
 }
 
+/// The decisions of one scoring batch, on the batch's `clearing.batch` run: the batch is one
+/// run (its `NettingComputed` event is the `aether_ledger` facet), and this names each
+/// decision recorded with it, so that every decision is in the lineage exactly.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AetherClearingBatchRunFacet {
+    #[serde(flatten)]
+    pub base: BaseFacet,
+    /// The scoring batch's id (the `batch_id` of its netting and of each decision).
+    pub batch_id: String,
+    /// The decisions, in ledger order. They follow the netting event without a gap, so each
+    /// one's `prev_hash` is the `hash` before it (the netting's, for the first).
+    pub decisions: Vec<BatchDecision>,
+}
+
+/// Where one decision of a batch sits in the ledger.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BatchDecision {
+    pub seq: u64,
+    /// The `ClearingDecided` event's SM3 hash (lowercase hex in JSON).
+    #[serde(with = "hex_hash")]
+    pub hash: Hash,
+    pub stream_id: String,
+    pub stream_version: u64,
+    pub event_id: uuid::Uuid,
+    /// The member's request id, when the decision names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
+}
+
+impl AetherClearingBatchRunFacet {
+    /// An empty facet for `batch_id`, whose schema Aether serves under `schema_base_url`.
+    pub fn new(producer: &str, schema_base_url: &str, batch_id: String, capacity: usize) -> Self {
+        AetherClearingBatchRunFacet {
+            base: BaseFacet {
+                producer: producer.to_owned(),
+                schema_url: aether_clearing_batch_schema_url(schema_base_url),
+            },
+            batch_id,
+            decisions: Vec::with_capacity(capacity),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,6 +199,18 @@ mod tests {
         assert_eq!(
             served["$id"],
             "https://ledger.bank.test/aether/openlineage/facets/aether_ledger/1-0-0.json"
+        );
+        assert_eq!(served["$defs"], stored["$defs"]);
+        let stored: serde_json::Value =
+            serde_json::from_str(AETHER_CLEARING_BATCH_FACET_SCHEMA).unwrap();
+        assert_eq!(
+            stored["$id"],
+            serde_json::json!(aether_clearing_batch_schema_url(SCHEMA_ID_BASE_URL))
+        );
+        let served = aether_clearing_batch_facet_schema("https://ledger.bank.test/aether");
+        assert_eq!(
+            served["$id"],
+            "https://ledger.bank.test/aether/openlineage/facets/aether_clearing_batch/1-0-0.json"
         );
         assert_eq!(served["$defs"], stored["$defs"]);
     }

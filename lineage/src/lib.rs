@@ -81,7 +81,9 @@ pub mod testing;
 pub use error::LineageError;
 pub use job::{JOB_NAMESPACE, job_name};
 pub use ledger_facet::{
-    AETHER_LEDGER_FACET, AETHER_LEDGER_FACET_SCHEMA, AetherLedgerRunFacet,
+    AETHER_CLEARING_BATCH_FACET, AETHER_CLEARING_BATCH_FACET_SCHEMA, AETHER_LEDGER_FACET,
+    AETHER_LEDGER_FACET_SCHEMA, AetherClearingBatchRunFacet, AetherLedgerRunFacet, BatchDecision,
+    aether_clearing_batch_facet_schema, aether_clearing_batch_schema_url,
     aether_ledger_facet_schema, aether_ledger_schema_url,
 };
-pub use run_event::{MappingContext, PRODUCER, run_id, to_run_event};
+pub use run_event::{MappingContext, PRODUCER, batch_run_event, run_id, to_run_event};

@@ -1,4 +1,7 @@
-//! [`to_run_event`]: one ledger event as one OpenLineage 2-0-2 run event.
+//! [`to_run_event`]: one ledger event as one OpenLineage 2-0-2 run event; [`batch_run_event`]:
+//! one scoring batch (its `NettingComputed` event and the `ClearingDecided` events appended
+//! with it) as one, the netting's run with each decision in the `aether_clearing_batch`
+//! facet (see `lineage/DELTA.md`, "What a lineage consumer sees of clearing").
 //!
 //! # The record
 //!
@@ -68,7 +71,8 @@
 //! policy (`name`, else the stream `policy/{name}`), `PolicyIngestRejected` names the policy
 //! it tried without a version; `CorpusIngested` writes the corpus (`name`, else the stream
 //! `corpus/{name}`); rollout events read their `baseline` and `candidate` models;
-//! `ClearingDecided` reads its model and writes `delta/clearing_decisions`;
+//! `ClearingDecided` reads its model and writes `delta/clearing_decisions`; `NettingComputed`
+//! reads its model;
 //! `SnapshotCommitted` reads the three participants it pins (`aether://snapshot` /
 //! `gateway-routing`, `rule-engine`, `rag-index`, each versioned by its digest) and writes
 //! `aether://snapshot` / `snapshots` (versioned by the snapshot id); `RolledBack` reads the
@@ -89,12 +93,16 @@ use openlineage_client::{Dataset, DatasetName, Job, Run, RunEvent, RunEventType}
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
+use crate::decisions::{CLEARING_DECIDED, NETTING_COMPUTED};
 use crate::error::LineageError;
 use crate::job::{
     CLEARING_BATCH, Change, ENGINE_ACTIVATE, INTEGRATION, JOB_NAMESPACE, JOB_TYPE, MODEL_RETRAIN,
     PROCESSING_TYPE, ROLLOUT_ANALYSIS, ROLLOUT_STEP,
 };
-use crate::ledger_facet::{AETHER_LEDGER_FACET, AetherLedgerRunFacet};
+use crate::ledger_facet::{
+    AETHER_CLEARING_BATCH_FACET, AETHER_LEDGER_FACET, AetherClearingBatchRunFacet,
+    AetherLedgerRunFacet, BatchDecision,
+};
 
 /// `producer` of every run event and `_producer` of every facet: names Aether's lineage
 /// mapping. A fixed identifier (the `.example` domain never resolves), so that the same
@@ -252,6 +260,102 @@ pub(crate) fn to_run_event_under(
     })
 }
 
+/// The scoring batch an event belongs to: the payload `batch_id` of a `NettingComputed` or
+/// `ClearingDecided` event; `None` for any other event or one that names no batch.
+pub(crate) fn batch_of(event: &RecordedEvent) -> Option<String> {
+    if event.event_type != NETTING_COMPUTED && event.event_type != CLEARING_DECIDED {
+        return None;
+    }
+    text_at(&object(event.payload.get()).ok()?, "batch_id")
+}
+
+/// The OpenLineage run event of a scoring batch: its `NettingComputed` event and the
+/// `ClearingDecided` events appended with it (the seqs right after it, with its `batch_id`).
+///
+/// One `clearing.batch` run, as the netting alone would map (its run id, parent, `aether_ledger`
+/// facet and the model it ran), plus: each decision in the [`AETHER_CLEARING_BATCH_FACET`]
+/// facet, the models the decisions name as inputs, and `delta/clearing_decisions` as an
+/// output. The context's Delta versions are those of the tables' first versions holding
+/// every row of the batch (the commits covering its last seq).
+pub fn batch_run_event(
+    netting: &RecordedEvent,
+    decisions: &[&RecordedEvent],
+    ctx: &MappingContext,
+) -> Result<RunEvent, LineageError> {
+    batch_run_event_under(
+        netting,
+        decisions,
+        ctx,
+        &schema_base_url(&ctx.schema_base_url)?,
+    )
+}
+
+/// [`batch_run_event`] under a checked schema base URL.
+pub(crate) fn batch_run_event_under(
+    netting: &RecordedEvent,
+    decisions: &[&RecordedEvent],
+    ctx: &MappingContext,
+    schema_base_url: &str,
+) -> Result<RunEvent, LineageError> {
+    let mut run_event = to_run_event_under(netting, ctx, schema_base_url)?;
+    let batch_id = batch_of(netting).unwrap_or_default();
+    let mut batch =
+        AetherClearingBatchRunFacet::new(PRODUCER, schema_base_url, batch_id, decisions.len());
+    // Each model once, by name and version: a batch runs one model, but a decision the
+    // fallback took names the fallback's.
+    let version = |d: &Dataset| d.facets.extra.get("version").cloned();
+    for &decision in decisions {
+        let event_id = decision.event_id;
+        let payload = object(decision.payload.get())
+            .map_err(|source| LineageError::Payload { event_id, source })?;
+        let metadata = object(decision.metadata.get())
+            .map_err(|source| LineageError::Metadata { event_id, source })?;
+        if let Some(model) = model_at(&payload, "model_ref", &["model_digest"]) {
+            let known = run_event
+                .inputs
+                .iter()
+                .any(|d| d.name == model.name && version(d) == version(&model));
+            if !known {
+                run_event.inputs.push(model);
+            }
+        }
+        batch.decisions.push(BatchDecision {
+            seq: decision.seq,
+            hash: decision.hash,
+            stream_id: decision.stream_id.clone(),
+            stream_version: decision.stream_version,
+            event_id,
+            request_id: text_at(&payload, "request_id")
+                .or_else(|| text_at(&metadata, "request_id")),
+            snapshot_id: text_at(&metadata, "snapshot_id")
+                .or_else(|| text_at(&payload, "snapshot_id")),
+            trace_id: text_at(&metadata, "trace_id").or_else(|| traceparent_trace_id(&metadata)),
+        });
+    }
+    if !decisions.is_empty() {
+        // Before `delta/events`, as on a decision's own run.
+        let at = run_event.outputs.len().saturating_sub(1);
+        run_event.outputs.insert(
+            at,
+            dataset(
+                DELTA_NAMESPACE,
+                CLEARING_DECISIONS_TABLE.to_owned(),
+                ctx.clearing_decisions_version.map(|v| v.to_string()),
+            ),
+        );
+    }
+    let batch = serde_json::to_value(batch).map_err(|source| LineageError::Facet {
+        facet: AETHER_CLEARING_BATCH_FACET,
+        source,
+    })?;
+    run_event
+        .run
+        .facets
+        .extra
+        .insert(AETHER_CLEARING_BATCH_FACET.to_owned(), batch);
+    Ok(run_event)
+}
+
 /// The base URL checked (absolute http(s), a host, no query or fragment) and normalized
 /// (as `url` writes it, no trailing `/`), so that the schema URL built on it is a valid URI.
 pub(crate) fn schema_base_url(url: &str) -> Result<String, LineageError> {
@@ -280,6 +384,7 @@ pub(crate) fn schema_base_url(url: &str) -> Result<String, LineageError> {
 const READ_MEMBERS: &[&str] = &[
     "artifact_uri",
     "baseline",
+    "batch_id",
     "candidate",
     "causation_id",
     "corpus",
@@ -299,6 +404,7 @@ const READ_MEMBERS: &[&str] = &[
     "rag_digest",
     "reason",
     "ref",
+    "request_id",
     "restored",
     "rollout_event_id",
     "rules_digest",
@@ -541,6 +647,9 @@ fn datasets(
             if let Some(Value::Object(restored)) = member(payload, "restored") {
                 outputs.extend(participants(restored));
             }
+        }
+        "NettingComputed" => {
+            inputs.extend(model_at(payload, "model_ref", &["model_digest"]));
         }
         "ClearingDecided" => {
             inputs.extend(model_at(payload, "model_ref", &["model_digest"]));

@@ -7,7 +7,8 @@ use std::collections::{BTreeSet, HashMap};
 
 use aether_ledger::RecordedEvent;
 use aether_lineage::{
-    AETHER_LEDGER_FACET_SCHEMA, LineageError, MappingContext, job_name, run_id, to_run_event,
+    AETHER_LEDGER_FACET_SCHEMA, LineageError, MappingContext, batch_run_event, job_name, run_id,
+    to_run_event,
 };
 use serde_json::{Value, json};
 use support::{BASE, Chain, Spec, digest, hex_of};
@@ -831,6 +832,79 @@ fn clearing_runs_under_their_engine_activation() {
     ] {
         assert_eq!(parent_of(day.first(t)), None, "{t}");
     }
+}
+
+/// A scoring batch's run is its netting's run (same id, parent, ledger facet), with every
+/// decision named in the `aether_clearing_batch` facet, their model as an input, and both
+/// Delta tables as outputs at the versions the context names.
+#[test]
+fn a_scoring_batch_maps_to_its_nettings_run_naming_each_decision() {
+    let day = Day::new();
+    let netting = day.first("NettingComputed");
+    let decision = day.first("ClearingDecided");
+    let ctx = MappingContext {
+        clearing_decisions_version: Some(12),
+        delta_version: Some(40),
+        ..ctx()
+    };
+    let run = serde_json::to_value(batch_run_event(netting, &[decision], &ctx).expect("maps"))
+        .expect("serializes");
+    Spec::get()
+        .check(&run)
+        .expect("valid against the spec and both custom facets");
+    let alone = json_of(netting, &ctx);
+    assert_eq!(run["run"]["runId"], alone["run"]["runId"]);
+    assert_eq!(
+        run["run"]["facets"]["parent"],
+        alone["run"]["facets"]["parent"]
+    );
+    assert_eq!(
+        run["run"]["facets"]["aether_ledger"],
+        alone["run"]["facets"]["aether_ledger"]
+    );
+    assert_eq!(run["job"]["name"], "clearing.batch");
+    let batch = &run["run"]["facets"]["aether_clearing_batch"];
+    assert_eq!(batch["batch_id"], "batch-7781");
+    assert_eq!(
+        batch["_schemaURL"],
+        format!("{BASE}/openlineage/facets/aether_clearing_batch/1-0-0.json")
+    );
+    assert_eq!(
+        batch["decisions"],
+        json!([{
+            "seq": decision.seq,
+            "hash": hex_of(&decision.hash),
+            "stream_id": "clearing/member-dbs",
+            "stream_version": decision.stream_version,
+            "event_id": decision.event_id.to_string(),
+            "request_id": "req-20261130-000042",
+            "snapshot_id": "snap-0007",
+            "trace_id": "0af7651916cd43dd8448eb211c80319c",
+        }])
+    );
+    dataset(&run, "inputs", "aether://model", MODEL);
+    assert_eq!(
+        version_of(dataset(&run, "outputs", "delta", "clearing_decisions")),
+        Some("12")
+    );
+    assert_eq!(
+        version_of(dataset(&run, "outputs", "delta", "events")),
+        Some("40")
+    );
+    // A netting whose decisions all failed is a batch of none: no decisions table output.
+    let empty = serde_json::to_value(batch_run_event(netting, &[], &ctx).expect("maps"))
+        .expect("serializes");
+    assert_eq!(
+        empty["run"]["facets"]["aether_clearing_batch"]["decisions"],
+        json!([])
+    );
+    assert!(
+        empty["outputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|d| d["name"] != "clearing_decisions")
+    );
 }
 
 #[test]

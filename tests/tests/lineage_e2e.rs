@@ -67,9 +67,21 @@ async fn every_event_gets_an_openlineage_record_even_across_a_crash() {
     assert_eq!(event["job"]["namespace"], "aether");
     assert_eq!(event["job"]["name"], "clearing.batch");
     assert_eq!(r["run_id"], event["run"]["runId"]);
+    // The decision's record is its scoring batch's: one run, whose ledger event is the
+    // batch's netting (just before the decision) and which names the decision.
     let facet = &event["run"]["facets"]["aether_ledger"];
-    assert_eq!(facet["seq"], last);
-    assert_eq!(facet["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_eq!(facet["event_type"], "NettingComputed");
+    assert_eq!(facet["seq"], last - 1);
+    assert_eq!(
+        (r["seq"].as_u64(), r["last_seq"].as_u64()),
+        (Some(last - 1), Some(last))
+    );
+    let batch = &event["run"]["facets"]["aether_clearing_batch"];
+    let decisions = batch["decisions"].as_array().unwrap();
+    assert_eq!(decisions.len(), 1, "{batch}");
+    assert_eq!(decisions[0]["seq"], last);
+    assert_eq!(decisions[0]["request_id"], "lineage-1");
+    assert_eq!(decisions[0]["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
     // Both Delta tables that hold the decision are named, each at the version whose commit
     // (in that table's own log) covers its seq.
     for table in ["events", "clearing_decisions"] {
@@ -92,17 +104,19 @@ async fn every_event_gets_an_openlineage_record_even_across_a_crash() {
             "{table} version {version} does not hold seq {last}: {commits:?}"
         );
     }
-    // The facet's schema is served at the URL the facet names.
-    let schema_url = facet["_schemaURL"].as_str().unwrap();
-    let schema: Value = http()
-        .get(schema_url)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(schema["$id"], schema_url);
+    // Each custom facet's schema is served at the URL the facet names.
+    for facet in [facet, batch] {
+        let schema_url = facet["_schemaURL"].as_str().unwrap();
+        let schema: Value = http()
+            .get(schema_url)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(schema["$id"], schema_url);
+    }
     // The audit view of an event shows its lineage record.
     let audit: Value = http()
         .get(server.url(&format!("/v1/audit/events/{last}")))
@@ -155,16 +169,21 @@ async fn every_event_gets_an_openlineage_record_even_across_a_crash() {
         next = last + 1;
     }
     assert_eq!(next, head + 1, "Delta commits do not reach the head");
-    // The JSON-lines transport holds every event at least once.
+    // The JSON-lines transport holds every event at least once: its own run's, or (a
+    // decision) its scoring batch's.
     let lines = std::fs::read_to_string(&jsonl).unwrap();
-    let seqs: std::collections::BTreeSet<u64> = lines
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<Value>(l).unwrap()["run"]["facets"]["aether_ledger"]["seq"]
-                .as_u64()
-                .unwrap()
-        })
-        .collect();
+    let mut seqs = std::collections::BTreeSet::new();
+    for line in lines.lines() {
+        let facets = serde_json::from_str::<Value>(line).unwrap()["run"]["facets"].clone();
+        seqs.insert(facets["aether_ledger"]["seq"].as_u64().unwrap());
+        for decision in facets["aether_clearing_batch"]["decisions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            seqs.insert(decision["seq"].as_u64().unwrap());
+        }
+    }
     assert_eq!(seqs.len() as u64, report["events"].as_u64().unwrap());
 }
 

@@ -14,7 +14,10 @@ use aether_ledger::{EventStore, RecordedEvent};
 use aether_lineage::MappingContext;
 use aether_lineage::relay::{DeltaVersions, reconcile, run_openlineage_relay_with};
 use aether_lineage::schema::OpenLineageSchemas;
-use aether_lineage::{AETHER_LEDGER_FACET_SCHEMA, aether_ledger_facet_schema};
+use aether_lineage::{
+    AETHER_CLEARING_BATCH_FACET_SCHEMA, AETHER_LEDGER_FACET_SCHEMA,
+    aether_clearing_batch_facet_schema, aether_ledger_facet_schema,
+};
 use chrono::{DateTime, TimeZone, Utc};
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
@@ -64,10 +67,12 @@ impl Spec {
         static SPEC: OnceLock<Spec> = OnceLock::new();
         SPEC.get_or_init(|| {
             assert!(spec_dir().join("OpenLineage.json").is_file());
-            // The custom facet as served under the tests' base, and as stored in the crate.
+            // The custom facets as served under the tests' base, and as stored in the crate.
             let schemas = OpenLineageSchemas::with_documents([
                 aether_ledger_facet_schema(BASE),
                 serde_json::from_str(AETHER_LEDGER_FACET_SCHEMA).expect("stored schema"),
+                aether_clearing_batch_facet_schema(BASE),
+                serde_json::from_str(AETHER_CLEARING_BATCH_FACET_SCHEMA).expect("stored schema"),
             ])
             .expect("the spec files form a registry");
             Spec { schemas }

@@ -32,13 +32,24 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(lineage_record))
 }
 
-/// The custom facet's JSON schema, at the immutable URL its `_schemaURL` names (public).
+/// The `aether_ledger` facet's JSON schema, at the immutable URL its `_schemaURL` names
+/// (public).
 pub async fn aether_ledger_facet_schema(headers: HeaderMap) -> Response {
+    facet_schema(&headers, aether_lineage::aether_ledger_facet_schema)
+}
+
+/// The `aether_clearing_batch` facet's JSON schema, likewise.
+pub async fn aether_clearing_batch_facet_schema(headers: HeaderMap) -> Response {
+    facet_schema(&headers, aether_lineage::aether_clearing_batch_facet_schema)
+}
+
+/// A custom facet's schema as served at this request's host.
+fn facet_schema(headers: &HeaderMap, schema: fn(&str) -> serde_json::Value) -> Response {
     let host = headers
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .unwrap_or("127.0.0.1:8080");
-    let schema = aether_lineage::aether_ledger_facet_schema(&format!("http://{host}"));
+    let schema = schema(&format!("http://{host}"));
     (
         [(header::CACHE_CONTROL, "public, max-age=31536000, immutable")],
         axum::Json(schema),
@@ -48,7 +59,7 @@ pub async fn aether_ledger_facet_schema(headers: HeaderMap) -> Response {
 
 /// `GET /v1/lineage/events/{seq}`: an event's lineage records (OpenLineage run, Delta).
 #[utoipa::path(get, path = "/v1/lineage/events/{seq}", tag = "ledger",
-    description = "An event's lineage records: its OpenLineage run event and the Delta table version holding it. Role: operator or regulator.",
+    description = "An event's lineage records: its OpenLineage run event and the Delta table version holding it. A clearing decision's record is its scoring batch's (one `clearing.batch` run covering `seq..=last_seq`, the batch's netting and decisions, each named in the run's `aether_clearing_batch` facet). Role: operator or regulator.",
     params(("seq" = u64, Path, minimum = 1, maximum = 9007199254740991.0, description = "Ledger position")),
     responses((status = 200, description = "The records", body = serde_json::Value),
               (status = 404, description = "No lineage record yet (the relays follow the ledger)"),

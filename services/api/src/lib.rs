@@ -84,6 +84,10 @@ pub fn router(state: AppState) -> Router {
             "/openlineage/facets/aether_ledger/1-0-0.json",
             get(events::aether_ledger_facet_schema),
         )
+        .route(
+            "/openlineage/facets/aether_clearing_batch/1-0-0.json",
+            get(events::aether_clearing_batch_facet_schema),
+        )
         .merge(console::routes())
         .fallback(problem::not_found)
         .layer(axum::middleware::from_fn_with_state(

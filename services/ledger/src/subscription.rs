@@ -89,15 +89,36 @@ impl Subscription {
                 // did so after every group commit, for every subscriber.)
                 let _ = tokio::time::timeout(POLL, self.committed.changed()).await;
             }
-            // Marked seen before the read: a commit after this point wakes the next wait.
-            self.committed.borrow_and_update();
-            let page = self.store.read_following(self.next_seq, PAGE).await?;
-            self.at_end = page.len() < PAGE as usize;
-            if let Some(last) = page.last() {
-                self.next_seq = last.seq + 1;
-                self.buffer.extend(page);
-            }
+            self.read_page().await?;
         }
+    }
+
+    /// Reads the page after the buffered events into the buffer.
+    async fn read_page(&mut self) -> Result<(), LedgerError> {
+        // Marked seen before the read: a commit after this point wakes the next wait.
+        self.committed.borrow_and_update();
+        let page = self.store.read_following(self.next_seq, PAGE).await?;
+        self.at_end = page.len() < PAGE as usize;
+        if let Some(last) = page.last() {
+            self.next_seq = last.seq + 1;
+            self.buffer.extend(page);
+        }
+        Ok(())
+    }
+
+    /// Up to `max` events committed now, reading the ledger once when none are buffered;
+    /// never waits. Empty means the subscription is at the head, which (appends being
+    /// atomic) is the end of an append: a follower that groups the events of one append
+    /// asks this to learn whether a group that ends its batch is whole.
+    pub async fn next_batch_now(
+        &mut self,
+        max: usize,
+    ) -> Result<Vec<Arc<RecordedEvent>>, LedgerError> {
+        if self.buffer.is_empty() {
+            self.read_page().await?;
+        }
+        let n = max.min(self.buffer.len());
+        Ok(self.buffer.drain(..n).collect())
     }
 
     /// Up to `max` events that are available now, waiting only if there are none. Shared
