@@ -613,6 +613,31 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_id_is_read_from_any_layout_of_the_payload() {
+        let with = |payload: &str| {
+            let mut e = (*event(1, CLEARING_DECIDED, None)).clone();
+            e.payload = serde_json::value::RawValue::from_string(payload.into()).expect("json");
+            crate::run_event::batch_of(&e)
+        };
+        let b = |s: &str| Some(s.to_owned());
+        assert_eq!(with(r#"{"batch_id":"b-1","score":1}"#), b("b-1"));
+        // Not first (not canonical), escaped, or not a string: the full parse decides.
+        assert_eq!(with(r#"{"amount":1,"batch_id":"b-2"}"#), b("b-2"));
+        assert_eq!(with(r#"{"batch_id":"b\"3","x":1}"#), b("b\"3"));
+        assert_eq!(with(r#"{"batch_id":"","x":1}"#), None);
+        assert_eq!(with(r#"{"batch_id":7}"#), b("7"));
+        assert_eq!(with(r#"{"x":1}"#), None);
+        let mut policy = (*event(1, "PolicyIngested", None)).clone();
+        policy.payload =
+            serde_json::value::RawValue::from_string(r#"{"batch_id":"b"}"#.into()).expect("json");
+        assert_eq!(
+            crate::run_event::batch_of(&policy),
+            None,
+            "only batch events"
+        );
+    }
+
+    #[test]
     fn a_batch_is_one_record_and_one_cut_off_at_the_end_waits() {
         let events = vec![
             event(1, "PolicyIngested", None),
