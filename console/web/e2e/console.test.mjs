@@ -219,6 +219,11 @@ test('a regulator and an operator use the console', { timeout: 600_000 }, async 
     await page.waitForSelector('main [data-proof].verified');
     await accessible(page, 'a decision page');
     await snap(page, 'decision');
+    // Its lineage run is its scoring batch's (one run a batch), which lists it.
+    await page.click('main a[href*="/ui/run?id="]', { timeout: 20000 });
+    await page.waitForSelector('text=Decisions in this batch');
+    assert.ok(await page.locator('table.decisions a', { hasText: 'held-explained' }).count() === 1, 'the batch run lists the decision');
+    await accessible(page, 'a clearing batch run');
   });
 
   await t.test('collapsing a node hides its neighbours until it is expanded', async () => {

@@ -82,5 +82,14 @@ export function ledgerFacet(r: RunJson | null | undefined): LedgerFacet | null {
   return f && typeof f.seq === 'number' ? (f as LedgerFacet) : null;
 }
 
+/** One decision of a scoring batch, from the aether_clearing_batch run facet. */
+export interface BatchDecision { seq: number; hash: string; stream_id: string; event_id: string; request_id?: string; trace_id?: string }
+
+/** The decisions of a `clearing.batch` run (one run per scoring batch), if it is one. */
+export function batchDecisions(r: RunJson | null | undefined): BatchDecision[] | null {
+  const d = r?.facets?.aether_clearing_batch?.decisions;
+  return Array.isArray(d) ? (d as BatchDecision[]) : null;
+}
+
 /** Whether something made at `t` existed at `asOf` (always, when live). */
 export const existed = (t: string | null | undefined, asOf: string | null) => !asOf || !t || Date.parse(t) <= Date.parse(asOf);

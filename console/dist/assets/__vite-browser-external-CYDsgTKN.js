@@ -1,1 +1,0 @@
-import{t as e}from"./sm-cZq1YBmC.js";var t=e(((e,t)=>{t.exports={}}));export default t();
