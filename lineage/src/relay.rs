@@ -87,7 +87,7 @@ fn records(events: &[Arc<RecordedEvent>], whole_at_end: bool) -> Records {
             {
                 end += 1;
             }
-            open = end == events.len() && !whole_at_end;
+            open = end == events.len() && !whole_at_end && batch.is_some();
         }
         ranges.push(i..end);
         i = end;
@@ -667,6 +667,14 @@ mod tests {
         assert_eq!(whole_prefix(&netting_last, 6), (5, 3));
         // A decision ending it does not open anything.
         assert!(!records(&events[..5], false).open);
+        // A netting that names no batch is a record of its own, never open.
+        let unnamed = [
+            event(1, NETTING_COMPUTED, None),
+            event(2, CLEARING_DECIDED, None),
+        ];
+        let alone = records(&unnamed, false);
+        assert_eq!(alone.ranges, [0..1, 1..2]);
+        assert!(!records(&unnamed[..1], false).open);
     }
 
     #[test]

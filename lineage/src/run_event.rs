@@ -282,7 +282,8 @@ pub(crate) fn batch_of(event: &RecordedEvent) -> Option<String> {
 }
 
 /// The OpenLineage run event of a scoring batch: its `NettingComputed` event and the
-/// `ClearingDecided` events appended with it (the seqs right after it, with its `batch_id`).
+/// `ClearingDecided` events appended with it (the seqs right after it, with its `batch_id`;
+/// a netting that names no batch id is a batch of none, with an empty id).
 ///
 /// One `clearing.batch` run, as the netting alone would map (its run id, parent, `aether_ledger`
 /// facet and the model it ran), plus: each decision in the [`AETHER_CLEARING_BATCH_FACET`]
